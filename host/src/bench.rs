@@ -1,0 +1,276 @@
+//! `edgeroute bench`: ratios against baselines measured in the same
+//! process. Generation through the local worker and wasi-nn is compared
+//! with the same prompt, threads and sampling on llama.cpp called directly
+//! (the `Generation` type the backend itself drives, without wasm).
+
+use crate::api::request;
+use crate::bindings::target::{ChatRequest, Message};
+use crate::config::Config;
+use crate::guard::{self, NodeView};
+use crate::nn::Sampling;
+use crate::node::Node;
+use crate::targets::Job;
+use crate::{features, nn};
+use anyhow::{Context, bail};
+use axum::http::HeaderMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args, Debug)]
+pub struct Options {
+    /// Local model to measure (default: the first configured).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Tokens to generate per run.
+    #[arg(long, default_value_t = 64)]
+    pub tokens: u32,
+    /// Measured runs of each path (after one warm-up each).
+    #[arg(long, default_value_t = 5)]
+    pub runs: u32,
+    /// Policy calls to time.
+    #[arg(long, default_value_t = 20_000)]
+    pub policy_calls: u32,
+}
+
+const MESSAGES: [(&str, &str); 2] = [
+    ("system", "You are a helpful assistant."),
+    (
+        "user",
+        "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    ),
+];
+
+/// One generation's timings.
+struct Sample {
+    ttft: Duration,
+    decode_tokens_per_s: f64,
+    tokens: u32,
+    text: String,
+}
+
+fn decode_rate(tokens: u32, decode: Duration) -> f64 {
+    // The first token comes out of the prefill; the rest are decode steps.
+    tokens.saturating_sub(1) as f64 / decode.as_secs_f64().max(1e-9)
+}
+
+fn direct(
+    model: &Arc<nn::LoadedModel>,
+    prompt: &str,
+    sampling: Sampling,
+) -> anyhow::Result<Sample> {
+    let t0 = Instant::now();
+    let mut generation = model.start(prompt, sampling)?;
+    let mut text = generation.step()?.text;
+    let t_first = Instant::now();
+    let (rest, _) = generation.run_to_end()?;
+    text.push_str(&rest);
+    let tokens = generation.completion_tokens;
+    Ok(Sample {
+        ttft: t_first - t0,
+        decode_tokens_per_s: decode_rate(tokens, t_first.elapsed()),
+        tokens,
+        text,
+    })
+}
+
+async fn through_wasi_nn(node: &Node, model: &str, sampling: Sampling) -> anyhow::Result<Sample> {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let request = ChatRequest {
+        model: model.to_string(),
+        messages: MESSAGES
+            .iter()
+            .map(|(role, content)| Message {
+                role: role.to_string(),
+                content: content.to_string(),
+            })
+            .collect(),
+        max_tokens: sampling.max_tokens,
+        temperature: sampling.temperature,
+        top_p: sampling.top_p,
+        seed: sampling.seed,
+        stream: true,
+    };
+    let t0 = Instant::now();
+    let generation = node.local.generate(Job {
+        request,
+        stream: Some(tx),
+    });
+    let collect = async {
+        let mut first = None;
+        let mut text = String::new();
+        while let Some(delta) = rx.recv().await {
+            first.get_or_insert_with(Instant::now);
+            text.push_str(&delta);
+        }
+        (first, text)
+    };
+    let (completion, (first, text)) = tokio::join!(generation, collect);
+    let completion = completion.map_err(|e| anyhow::anyhow!("local worker failed: {e}"))?;
+    let t_first = first.context("the local worker streamed nothing")?;
+    let tokens = completion.usage.completion_tokens;
+    Ok(Sample {
+        ttft: t_first - t0,
+        decode_tokens_per_s: decode_rate(tokens, t_first.elapsed()),
+        tokens,
+        text,
+    })
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(|a, b| a.total_cmp(b));
+    values[values.len() / 2]
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
+    if options.runs == 0 {
+        bail!("--runs must be at least 1");
+    }
+    let threads = config.local.threads;
+    let node = Node::start(config).await?;
+    let name = match &options.model {
+        Some(name) => name.clone(),
+        None => node
+            .default_local_model()
+            .context("no local model is configured")?
+            .to_string(),
+    };
+    let model = node
+        .local
+        .model(&name)
+        .with_context(|| format!("local model '{name}' is not loaded"))?
+        .clone();
+    let messages: Vec<(String, String)> = MESSAGES
+        .iter()
+        .map(|(r, c)| (r.to_string(), c.to_string()))
+        .collect();
+    let prompt = model.render_chat(&messages)?;
+    let sampling = Sampling {
+        max_tokens: options.tokens,
+        temperature: 0.0,
+        top_p: 1.0,
+        seed: 0,
+    };
+
+    println!(
+        "generation: model {name}, {threads} thread(s), {} tokens, greedy, {} runs each (after a warm-up)",
+        options.tokens, options.runs
+    );
+    let run_direct = || {
+        let (model, prompt) = (model.clone(), prompt.clone());
+        tokio::task::spawn_blocking(move || direct(&model, &prompt, sampling))
+    };
+    run_direct().await??;
+    through_wasi_nn(&node, &name, sampling).await?;
+    let (mut d, mut w) = (Vec::new(), Vec::new());
+    for i in 0..options.runs {
+        // Alternate the order so neither path always runs on a warmer cache.
+        if i % 2 == 0 {
+            d.push(run_direct().await??);
+            w.push(through_wasi_nn(&node, &name, sampling).await?);
+        } else {
+            w.push(through_wasi_nn(&node, &name, sampling).await?);
+            d.push(run_direct().await??);
+        }
+    }
+    let same_text = d
+        .iter()
+        .zip(&w)
+        .all(|(a, b)| a.text == b.text && a.tokens == b.tokens);
+    let stat = |s: &[Sample], f: fn(&Sample) -> f64| median(s.iter().map(f).collect());
+    let (d_rate, w_rate) = (
+        stat(&d, |s| s.decode_tokens_per_s),
+        stat(&w, |s| s.decode_tokens_per_s),
+    );
+    let (d_ttft, w_ttft) = (
+        stat(&d, |s| s.ttft.as_secs_f64() * 1e3),
+        stat(&w, |s| s.ttft.as_secs_f64() * 1e3),
+    );
+    println!(
+        "  {:<28} {:>12} {:>12} {:>8}",
+        "", "direct", "wasi-nn", "ratio"
+    );
+    println!(
+        "  {:<28} {:>12.1} {:>12.1} {:>8.3}",
+        "decode tokens/s (median)",
+        d_rate,
+        w_rate,
+        w_rate / d_rate
+    );
+    println!(
+        "  {:<28} {:>12.2} {:>12.2} {:>8.3}",
+        "time to first token ms",
+        d_ttft,
+        w_ttft,
+        d_ttft / w_ttft
+    );
+    println!(
+        "  ratio = wasi-nn speed / direct speed (1.0 = no overhead); same greedy text on both paths: {same_text}"
+    );
+
+    // The policy call on its own.
+    let headers = HeaderMap::new();
+    let body = serde_json::json!({ "model": "auto", "messages": [{ "role": "user", "content": "Classify: the parcel arrived broken." }], "max_tokens": 16 }).to_string();
+    let prepared = request::parse(body.as_bytes(), &node.config.limits, "bench".into(), 0)
+        .map_err(|e| anyhow::anyhow!("{}", e.message))?;
+    let features = features::extract(
+        &prepared,
+        &headers,
+        &node.config.guard,
+        &node.local,
+        &node.cloud,
+    )
+    .map_err(|e| anyhow::anyhow!("{}", e.message))?;
+    let mut calls = Vec::with_capacity(options.policy_calls as usize);
+    for _ in 0..options.policy_calls {
+        let t = Instant::now();
+        let _ = node.policy.route(&features).await;
+        calls.push(t.elapsed());
+    }
+    calls.sort();
+    println!(
+        "policy.route ({}, {} calls): p50 {:.1} µs, p99 {:.1} µs",
+        node.policy.origin,
+        calls.len(),
+        percentile(&calls, 0.5).as_secs_f64() * 1e6,
+        percentile(&calls, 0.99).as_secs_f64() * 1e6
+    );
+
+    // Everything the host does before a target runs: parse, features
+    // (tokenizing the prompt with the local model), policy, guard.
+    let local_models = node.local.model_names();
+    let upstreams = node.cloud.upstream_names();
+    let view = NodeView {
+        local_models: &local_models,
+        default_local: node.default_local_model(),
+        upstreams: &upstreams,
+        on_policy_failure: node.config.policy.on_failure,
+    };
+    let mut overhead = Vec::with_capacity(options.policy_calls as usize);
+    for _ in 0..options.policy_calls {
+        let t = Instant::now();
+        let prepared = request::parse(body.as_bytes(), &node.config.limits, "bench".into(), 0)
+            .map_err(|e| anyhow::anyhow!("{}", e.message))?;
+        let features = features::extract(
+            &prepared,
+            &headers,
+            &node.config.guard,
+            &node.local,
+            &node.cloud,
+        )
+        .map_err(|e| anyhow::anyhow!("{}", e.message))?;
+        let decision = node.policy.route(&features).await;
+        std::hint::black_box(guard::place(decision, &features, &view));
+        overhead.push(t.elapsed());
+    }
+    overhead.sort();
+    println!(
+        "host overhead before inference (parse + features + policy + guard): p50 {:.1} µs, p99 {:.1} µs",
+        percentile(&overhead, 0.5).as_secs_f64() * 1e6,
+        percentile(&overhead, 0.99).as_secs_f64() * 1e6
+    );
+    Ok(())
+}

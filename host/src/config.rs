@@ -1,0 +1,226 @@
+//! The node configuration (`runtime-config/edgeroute.toml`).
+//!
+//! Every field has a default so a minimal file (or none of a section) works;
+//! relative paths are resolved against the config file's folder so the node
+//! behaves the same whatever directory it is started from.
+
+use anyhow::{Context, bail};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub local: LocalConfig,
+    pub cloud: CloudConfig,
+    pub policy: PolicyConfig,
+    pub guard: GuardConfig,
+    pub limits: Limits,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LocalConfig {
+    /// Inference threads per generation. On a 2-core box one thread degrades
+    /// gracefully under load while two can collapse, hence a knob.
+    pub threads: u32,
+    /// Requests waiting for or running on the local backend; beyond this a
+    /// request is refused rather than queued without bound.
+    pub max_queue: u32,
+    /// Generations run at the same time (each holds a llama.cpp context).
+    pub max_concurrent: u32,
+    /// Context window per generation, in tokens.
+    pub context_size: u32,
+    pub models: Vec<ModelConfig>,
+}
+
+impl Default for LocalConfig {
+    fn default() -> Self {
+        Self {
+            threads: 1,
+            max_queue: 8,
+            max_concurrent: 1,
+            context_size: 2048,
+            models: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// The name clients and policies use (`model` in the request body).
+    pub name: String,
+    /// A GGUF file.
+    pub path: PathBuf,
+    /// When true a missing file leaves the node running without this model
+    /// (requests that need it fail closed) instead of refusing to start.
+    #[serde(default)]
+    pub optional: bool,
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct CloudConfig {
+    pub upstreams: Vec<UpstreamConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamConfig {
+    pub name: String,
+    /// OpenAI-compatible base URL, e.g. `https://api.example.com/v1`.
+    pub base_url: String,
+    /// The model name sent upstream.
+    pub model: String,
+    /// Name of the environment variable that holds the API key. The key
+    /// itself never appears in config files or logs.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    #[serde(default)]
+    pub usd_per_mtok_in: f64,
+    #[serde(default)]
+    pub usd_per_mtok_out: f64,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum OnPolicyFailure {
+    /// Serve on the first local model (the guard still applies).
+    Local,
+    /// Answer 503.
+    Error,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyConfig {
+    /// A policy `.wasm` component; empty means the embedded default policy.
+    pub component: Option<PathBuf>,
+    /// Deadline of one policy call.
+    pub deadline_ms: u64,
+    /// Linear memory cap of a policy instance.
+    pub memory_limit_bytes: usize,
+    pub on_failure: OnPolicyFailure,
+    /// Passed verbatim to the policy's `configure`.
+    pub params: BTreeMap<String, String>,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        Self {
+            component: None,
+            deadline_ms: 20,
+            memory_limit_bytes: 64 << 20,
+            on_failure: OnPolicyFailure::Local,
+            params: BTreeMap::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GuardConfig {
+    /// Sensitivity levels that may never leave the node.
+    pub never_leave: Vec<String>,
+    /// Raise a request to `restricted` when the prompt looks like it holds
+    /// personal data.
+    pub detect_pii: bool,
+}
+
+impl Default for GuardConfig {
+    fn default() -> Self {
+        Self {
+            never_leave: vec!["restricted".into()],
+            detect_pii: true,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    pub max_body_bytes: usize,
+    /// Upper bound on `max_tokens`; larger asks are clamped.
+    pub max_completion_tokens: u32,
+    /// Wall-clock limit of one cloud call.
+    pub cloud_timeout_ms: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 1 << 20,
+            max_completion_tokens: 1024,
+            cloud_timeout_ms: 60_000,
+        }
+    }
+}
+
+impl Config {
+    pub fn load(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read config file {}", path.display()))?;
+        let mut config: Config = toml::from_str(&text)
+            .with_context(|| format!("invalid config file {}", path.display()))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        config.resolve_paths(base);
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn resolve_paths(&mut self, base: &Path) {
+        for model in &mut self.local.models {
+            if model.path.is_relative() {
+                model.path = base.join(&model.path);
+            }
+        }
+        if let Some(component) = &self.policy.component {
+            if component.as_os_str().is_empty() {
+                self.policy.component = None;
+            } else if component.is_relative() {
+                self.policy.component = Some(base.join(component));
+            }
+        }
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        if self.local.max_concurrent == 0 {
+            bail!("local.max_concurrent must be at least 1");
+        }
+        if self.local.threads == 0 {
+            bail!("local.threads must be at least 1");
+        }
+        let mut names: Vec<&str> = self.local.models.iter().map(|m| m.name.as_str()).collect();
+        names.extend(self.cloud.upstreams.iter().map(|u| u.name.as_str()));
+        let mut seen = std::collections::HashSet::new();
+        for name in names {
+            if !seen.insert(name) {
+                bail!(
+                    "target name '{name}' is used twice (models and upstreams share one namespace)"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Replace a configured upstream's base URL (`--upstream NAME=URL`).
+    pub fn override_upstream(&mut self, spec: &str) -> anyhow::Result<()> {
+        let (name, url) = spec
+            .split_once('=')
+            .with_context(|| format!("--upstream expects NAME=URL, got '{spec}'"))?;
+        let upstream = self
+            .cloud
+            .upstreams
+            .iter_mut()
+            .find(|u| u.name == name)
+            .with_context(|| format!("--upstream: no upstream named '{name}' in the config"))?;
+        upstream.base_url = url.to_string();
+        Ok(())
+    }
+
+    pub fn upstream(&self, name: &str) -> Option<&UpstreamConfig> {
+        self.cloud.upstreams.iter().find(|u| u.name == name)
+    }
+}

@@ -1,0 +1,190 @@
+//! The ledger: traffic bucketed by prompt length, task and sensitivity,
+//! with what each placement cost and how long it took, so an operator can
+//! see what the router saves (`GET /ledger`).
+
+use serde::Serialize;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+/// One finished request.
+pub struct Entry<'a> {
+    /// `local:NAME`, `cloud:NAME` or `none`.
+    pub served_by: &'a str,
+    pub sensitivity: &'a str,
+    pub task: &'a str,
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    pub latency_ms: f64,
+    pub cost_usd: f64,
+}
+
+#[derive(Default, Serialize, Clone)]
+struct Aggregate {
+    requests: u64,
+    latency_ms_total: f64,
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    cost_usd: f64,
+}
+
+impl Aggregate {
+    fn add(&mut self, e: &Entry) {
+        self.requests += 1;
+        self.latency_ms_total += e.latency_ms;
+        self.prompt_tokens += e.prompt_tokens as u64;
+        self.completion_tokens += e.completion_tokens as u64;
+        self.cost_usd += e.cost_usd;
+    }
+
+    fn mean_latency_ms(&self) -> Option<f64> {
+        (self.requests > 0).then(|| self.latency_ms_total / self.requests as f64)
+    }
+}
+
+#[derive(Default)]
+struct Bucket {
+    local: Aggregate,
+    cloud: Aggregate,
+    refused: u64,
+}
+
+#[derive(PartialEq, Eq, PartialOrd, Ord, Clone)]
+struct Key {
+    length: &'static str,
+    task: String,
+    sensitivity: String,
+}
+
+fn length_bucket(tokens: u32) -> &'static str {
+    match tokens {
+        0..64 => "0-63",
+        64..256 => "64-255",
+        256..1024 => "256-1023",
+        _ => "1024+",
+    }
+}
+
+/// Prices of the reference cloud upstream, to value local work.
+#[derive(Clone, Copy, Default)]
+pub struct Prices {
+    pub usd_per_mtok_in: f64,
+    pub usd_per_mtok_out: f64,
+}
+
+impl Prices {
+    pub fn cost(&self, prompt_tokens: u32, completion_tokens: u32) -> f64 {
+        (prompt_tokens as f64 * self.usd_per_mtok_in
+            + completion_tokens as f64 * self.usd_per_mtok_out)
+            / 1e6
+    }
+}
+
+pub struct Ledger {
+    reference: Prices,
+    buckets: Mutex<BTreeMap<Key, Bucket>>,
+}
+
+impl Ledger {
+    pub fn new(reference: Prices) -> Self {
+        Self {
+            reference,
+            buckets: Mutex::default(),
+        }
+    }
+
+    pub fn record(&self, entry: Entry) {
+        let key = Key {
+            length: length_bucket(entry.prompt_tokens),
+            task: if entry.task.is_empty() {
+                "-".into()
+            } else {
+                entry.task.to_string()
+            },
+            sensitivity: entry.sensitivity.to_string(),
+        };
+        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        let bucket = buckets.entry(key).or_default();
+        if entry.served_by.starts_with("local:") {
+            bucket.local.add(&entry);
+        } else if entry.served_by.starts_with("cloud:") {
+            bucket.cloud.add(&entry);
+        } else {
+            bucket.refused += 1;
+        }
+    }
+
+    /// Per bucket: counts, mean latency per placement, cloud spend, and the
+    /// cloud cost local work avoided at the reference upstream's prices.
+    /// Latency saved is only claimed where both placements were observed.
+    pub fn summary(&self) -> Value {
+        let buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        let mut rows = Vec::new();
+        let (mut spent, mut avoided, mut saved_ms) = (0.0, 0.0, 0.0);
+        for (key, b) in buckets.iter() {
+            let cost_avoided = self.reference.cost(
+                b.local.prompt_tokens as u32,
+                b.local.completion_tokens as u32,
+            );
+            let latency_saved_ms = match (b.local.mean_latency_ms(), b.cloud.mean_latency_ms()) {
+                (Some(l), Some(c)) => Some((c - l) * b.local.requests as f64),
+                _ => None,
+            };
+            spent += b.cloud.cost_usd;
+            avoided += cost_avoided;
+            saved_ms += latency_saved_ms.unwrap_or(0.0);
+            rows.push(json!({
+                "prompt_tokens": key.length,
+                "task": key.task,
+                "sensitivity": key.sensitivity,
+                "local": { "requests": b.local.requests, "mean_latency_ms": b.local.mean_latency_ms(), "completion_tokens": b.local.completion_tokens },
+                "cloud": { "requests": b.cloud.requests, "mean_latency_ms": b.cloud.mean_latency_ms(), "completion_tokens": b.cloud.completion_tokens, "cost_usd": b.cloud.cost_usd },
+                "refused": b.refused,
+                "cost_avoided_usd": cost_avoided,
+                "latency_saved_ms": latency_saved_ms,
+            }));
+        }
+        json!({
+            "buckets": rows,
+            "totals": { "cloud_cost_usd": spent, "cost_avoided_usd": avoided, "latency_saved_ms": saved_ms },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(served_by: &str, latency_ms: f64, cost_usd: f64) -> Entry<'_> {
+        Entry {
+            served_by,
+            sensitivity: "public",
+            task: "classify",
+            prompt_tokens: 10,
+            completion_tokens: 5,
+            latency_ms,
+            cost_usd,
+        }
+    }
+
+    #[test]
+    fn values_local_work_at_reference_prices_and_compares_latency() {
+        let ledger = Ledger::new(Prices {
+            usd_per_mtok_in: 1.0,
+            usd_per_mtok_out: 2.0,
+        });
+        ledger.record(entry("local:smollm2", 100.0, 0.0));
+        ledger.record(entry("local:smollm2", 300.0, 0.0));
+        ledger.record(entry("cloud:frontier", 900.0, 0.5));
+        ledger.record(entry("none", 1.0, 0.0));
+        let s = ledger.summary();
+        let row = &s["buckets"][0];
+        assert_eq!(row["local"]["requests"], 2);
+        assert_eq!(row["refused"], 1);
+        // two local requests of 10 in + 5 out tokens at $1/$2 per Mtok
+        assert!((row["cost_avoided_usd"].as_f64().unwrap() - 40e-6).abs() < 1e-12);
+        // cloud mean 900 vs local mean 200, over two local requests
+        assert_eq!(row["latency_saved_ms"], 1400.0);
+        assert_eq!(s["totals"]["cloud_cost_usd"], 0.5);
+    }
+}

@@ -1,0 +1,24 @@
+//! edgeroute: an edge inference router. Requests arrive on an
+//! OpenAI-compatible API, a WebAssembly routing policy places each one on a
+//! local model (llama.cpp through wasi-nn) or a cloud upstream (through a
+//! wasi:http component), and a guard in the host keeps sensitive data local.
+//!
+//! Follow a request by module: `api` → `features` → `policy` → `guard` →
+//! `targets` (`local` / `cloud`, with `nn` and `egress` under them) → `ledger`.
+
+pub mod api;
+pub mod bench;
+pub mod bindings;
+pub mod capabilities;
+pub mod components;
+pub mod config;
+pub mod egress;
+pub mod features;
+pub mod guard;
+pub mod ledger;
+pub mod nn;
+pub mod node;
+pub mod pii;
+pub mod policy;
+pub mod runtime;
+pub mod targets;

@@ -1,0 +1,121 @@
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use edgeroute::config::Config;
+use edgeroute::node::Node;
+use std::io::Write;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(
+    name = "edgeroute",
+    version,
+    about = "Edge inference router: local llama.cpp or cloud, per request, decided by a WebAssembly policy"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Args)]
+struct NodeArgs {
+    /// Node configuration file.
+    #[arg(
+        long,
+        default_value = "runtime-config/edgeroute.toml",
+        env = "EDGEROUTE_CONFIG"
+    )]
+    config: PathBuf,
+    /// Replace a configured upstream's base URL (repeatable).
+    #[arg(long = "upstream", value_name = "NAME=URL")]
+    upstreams: Vec<String>,
+    /// Use this policy component instead of the configured one.
+    #[arg(long, value_name = "FILE.wasm")]
+    policy: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the node.
+    Up {
+        #[command(flatten)]
+        node: NodeArgs,
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: String,
+    },
+    /// Measure generation through wasi-nn against llama.cpp called directly,
+    /// the policy call, and the host's per-request overhead.
+    Bench {
+        #[command(flatten)]
+        node: NodeArgs,
+        #[command(flatten)]
+        options: edgeroute::bench::Options,
+    },
+}
+
+fn load_config(args: &NodeArgs) -> anyhow::Result<Config> {
+    let mut config = Config::load(&args.config)?;
+    for spec in &args.upstreams {
+        config.override_upstream(spec)?;
+    }
+    if let Some(policy) = &args.policy {
+        config.policy.component = Some(policy.clone());
+    }
+    Ok(config)
+}
+
+#[tokio::main]
+async fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("EDGEROUTE_LOG")
+                .unwrap_or_else(|_| "info,wasmtime_wasi_nn=off".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    if let Err(error) = run(Cli::parse()).await {
+        eprintln!("edgeroute: {error:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Up { node, listen } => {
+            let config = load_config(&node)?;
+            let node = Node::start(config).await?;
+            let listener = tokio::net::TcpListener::bind(&listen)
+                .await
+                .with_context(|| format!("cannot listen on {listen}"))?;
+            let addr = listener.local_addr()?;
+            // Tests and scripts wait for this exact line.
+            println!("edgeroute listening on http://{addr}");
+            std::io::stdout().flush()?;
+            eprintln!(
+                "policy: {}; local models: {:?}; cloud upstreams: {:?}",
+                node.policy.origin,
+                node.local.model_names(),
+                node.cloud.upstream_names()
+            );
+            axum::serve(listener, edgeroute::api::router(node))
+                .with_graceful_shutdown(shutdown())
+                .await?;
+            Ok(())
+        }
+        Command::Bench { node, options } => {
+            let config = load_config(&node)?;
+            edgeroute::bench::run(config, options).await
+        }
+    }
+}
+
+async fn shutdown() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("SIGTERM handler installs");
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term.recv() => {}
+    }
+    eprintln!("edgeroute: shutting down; finishing requests in flight");
+}

@@ -1,0 +1,185 @@
+//! The `ggml` wasi-nn backend: llama.cpp behind wasmtime-wasi-nn's backend
+//! traits. Streaming over the standard interface follows the convention
+//! documented on the `local-worker` world in `wit/routing.wit`: the first
+//! `compute` takes `messages` or `prompt` (+ `metadata`) and prefills; each
+//! `compute` returns one `token`, and `finish` + `metadata` at the end.
+
+use super::engine::{Generation, LoadedModel, Sampling};
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use wasmtime_wasi_nn::backend::{
+    BackendError, BackendExecutionContext, BackendFromDir, BackendGraph, BackendInner, Id,
+    NamedTensor,
+};
+use wasmtime_wasi_nn::wit::{ExecutionTarget, GraphEncoding, TensorType};
+use wasmtime_wasi_nn::{ExecutionContext, Graph, GraphRegistry, Tensor};
+
+/// Graphs are preloaded by the host; guests only open them by name.
+pub struct GgmlBackend;
+
+impl BackendInner for GgmlBackend {
+    fn encoding(&self) -> GraphEncoding {
+        GraphEncoding::Ggml
+    }
+
+    fn load(&mut self, _: &[&[u8]], _: ExecutionTarget) -> Result<Graph, BackendError> {
+        // Loading weights per guest would cost seconds and hundreds of MB per
+        // request; the node loads each model once at start.
+        Err(failure(
+            "edgeroute preloads models: open them with load-by-name",
+        ))
+    }
+
+    fn as_dir_loadable(&mut self) -> Option<&mut dyn BackendFromDir> {
+        None
+    }
+}
+
+/// The models a guest may open with `load-by-name`.
+#[derive(Clone, Default)]
+pub struct ModelRegistry(HashMap<String, Graph>);
+
+impl ModelRegistry {
+    pub fn insert(&mut self, model: Arc<LoadedModel>) {
+        let graph: Box<dyn BackendGraph> = Box::new(LlamaGraph(model.clone()));
+        self.0.insert(model.name.clone(), Graph::from(graph));
+    }
+}
+
+impl GraphRegistry for ModelRegistry {
+    fn get(&self, name: &str) -> Option<&Graph> {
+        self.0.get(name)
+    }
+    fn get_mut(&mut self, name: &str) -> Option<&mut Graph> {
+        self.0.get_mut(name)
+    }
+}
+
+struct LlamaGraph(Arc<LoadedModel>);
+
+impl BackendGraph for LlamaGraph {
+    fn init_execution_context(&self) -> Result<ExecutionContext, BackendError> {
+        let ctx: Box<dyn BackendExecutionContext> = Box::new(LlamaExecution {
+            model: self.0.clone(),
+            generation: Mutex::new(None),
+        });
+        Ok(ExecutionContext::from(ctx))
+    }
+}
+
+/// A llama.cpp context is `Send` but not `Sync`; the mutex makes the
+/// execution context shareable as the trait requires (it is never contended).
+struct LlamaExecution {
+    model: Arc<LoadedModel>,
+    generation: Mutex<Option<Generation>>,
+}
+
+/// The `metadata` input tensor.
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "kebab-case")]
+struct Metadata {
+    max_tokens: Option<u32>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    seed: Option<u32>,
+}
+
+#[derive(Deserialize)]
+struct ChatMessage {
+    role: String,
+    content: String,
+}
+
+impl LlamaExecution {
+    fn start(&self, inputs: &[NamedTensor]) -> Result<Generation, BackendError> {
+        let text_of = |name: &str| -> Result<Option<&str>, BackendError> {
+            inputs
+                .iter()
+                .find(|t| t.name == name)
+                .map(|t| {
+                    std::str::from_utf8(&t.tensor.data)
+                        .map_err(|_| failure(format!("input '{name}' is not UTF-8")))
+                })
+                .transpose()
+        };
+        let metadata: Metadata = match text_of("metadata")? {
+            Some(json) => serde_json::from_str(json)
+                .map_err(|e| failure(format!("input 'metadata' is not valid JSON: {e}")))?,
+            None => Metadata::default(),
+        };
+        let prompt = if let Some(json) = text_of("messages")? {
+            let messages: Vec<ChatMessage> = serde_json::from_str(json)
+                .map_err(|e| failure(format!("input 'messages' is not a message list: {e}")))?;
+            let pairs: Vec<(String, String)> =
+                messages.into_iter().map(|m| (m.role, m.content)).collect();
+            self.model.render_chat(&pairs).map_err(backend_error)?
+        } else if let Some(prompt) = text_of("prompt")? {
+            prompt.to_string()
+        } else {
+            return Err(failure(
+                "the first compute needs a 'messages' or 'prompt' input",
+            ));
+        };
+        let defaults = Sampling::default();
+        let sampling = Sampling {
+            max_tokens: metadata.max_tokens.unwrap_or(defaults.max_tokens),
+            temperature: metadata.temperature.unwrap_or(defaults.temperature),
+            top_p: metadata.top_p.unwrap_or(defaults.top_p),
+            seed: metadata.seed.unwrap_or(defaults.seed),
+        };
+        self.model.start(&prompt, sampling).map_err(backend_error)
+    }
+}
+
+impl BackendExecutionContext for LlamaExecution {
+    fn set_input(&mut self, _: Id, _: &Tensor) -> Result<(), BackendError> {
+        Err(failure(
+            "the ggml backend takes named inputs through compute",
+        ))
+    }
+
+    fn get_output(&mut self, _: Id) -> Result<Tensor, BackendError> {
+        Err(failure("the ggml backend returns outputs from compute"))
+    }
+
+    fn compute(
+        &mut self,
+        inputs: Option<Vec<NamedTensor>>,
+    ) -> Result<Option<Vec<NamedTensor>>, BackendError> {
+        let inputs = inputs.unwrap_or_default();
+        let mut slot = self.generation.lock().unwrap_or_else(|p| p.into_inner());
+        if !inputs.is_empty() {
+            *slot = Some(self.start(&inputs)?);
+        }
+        let generation = slot
+            .as_mut()
+            .ok_or_else(|| failure("compute before any 'messages' or 'prompt' input"))?;
+        let step = generation.step().map_err(backend_error)?;
+        let mut outputs = vec![bytes_tensor("token", step.text.into_bytes())];
+        if let Some(finish) = step.finish {
+            outputs.push(bytes_tensor("finish", finish.as_str().as_bytes().to_vec()));
+            let usage = serde_json::json!({
+                "input-tokens": generation.prompt_tokens,
+                "output-tokens": generation.completion_tokens,
+            });
+            outputs.push(bytes_tensor("metadata", usage.to_string().into_bytes()));
+        }
+        Ok(Some(outputs))
+    }
+}
+
+fn bytes_tensor(name: &str, data: Vec<u8>) -> NamedTensor {
+    NamedTensor {
+        name: name.to_string(),
+        tensor: Tensor::new(vec![data.len() as u32], TensorType::U8, data),
+    }
+}
+
+fn failure(message: impl Into<String>) -> BackendError {
+    BackendError::BackendAccess(wasmtime::Error::msg(message.into()))
+}
+
+fn backend_error(error: anyhow::Error) -> BackendError {
+    failure(format!("{error:#}"))
+}

@@ -1,0 +1,309 @@
+//! Token generation on llama.cpp: one `Generation` is one chat completion,
+//! advanced one token per `step`. The wasi-nn backend and the benchmark's
+//! direct baseline both drive this type, so they measure the same work.
+
+use anyhow::{Context, anyhow, bail};
+use llama_cpp_2::context::LlamaContext;
+use llama_cpp_2::context::params::LlamaContextParams;
+use llama_cpp_2::llama_backend::LlamaBackend;
+use llama_cpp_2::llama_batch::LlamaBatch;
+use llama_cpp_2::model::params::LlamaModelParams;
+use llama_cpp_2::model::{LlamaChatMessage, LlamaChatTemplate, LlamaModel};
+use llama_cpp_2::sampling::LlamaSampler;
+use llama_cpp_2::token::LlamaToken;
+use std::num::NonZeroU32;
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+
+/// llama.cpp's global state may be initialised once per process.
+fn backend() -> &'static LlamaBackend {
+    static BACKEND: OnceLock<LlamaBackend> = OnceLock::new();
+    BACKEND.get_or_init(|| {
+        let mut backend = LlamaBackend::init().expect("llama.cpp backend initialises once");
+        // llama.cpp logs every tensor at load; our own log line says what matters.
+        if std::env::var_os("EDGEROUTE_LLAMA_LOG").is_none() {
+            backend.void_logs();
+        }
+        backend
+    })
+}
+
+/// How a generation runs; the node config sets threads and context size.
+#[derive(Debug, Clone, Copy)]
+pub struct RuntimeParams {
+    pub threads: u32,
+    pub context_size: u32,
+}
+
+/// A GGUF model loaded once per node and shared by every generation.
+pub struct LoadedModel {
+    pub name: String,
+    model: LlamaModel,
+    template: Option<LlamaChatTemplate>,
+    runtime: RuntimeParams,
+}
+
+/// What a client may set per request.
+#[derive(Debug, Clone, Copy)]
+pub struct Sampling {
+    pub max_tokens: u32,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub seed: u32,
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Self {
+            max_tokens: 128,
+            temperature: 0.0,
+            top_p: 1.0,
+            seed: 0,
+        }
+    }
+}
+
+impl LoadedModel {
+    pub fn load(name: &str, path: &Path, runtime: RuntimeParams) -> anyhow::Result<Arc<Self>> {
+        if !path.is_file() {
+            bail!("model file {} does not exist", path.display());
+        }
+        let model = LlamaModel::load_from_file(backend(), path, &LlamaModelParams::default())
+            .with_context(|| format!("llama.cpp could not load {}", path.display()))?;
+        // A model without a template can still serve raw prompts.
+        let template = model.chat_template(None).ok();
+        Ok(Arc::new(Self {
+            name: name.to_string(),
+            model,
+            template,
+            runtime,
+        }))
+    }
+
+    /// The prompt text the model sees for these messages, through the chat
+    /// template stored in the GGUF file.
+    pub fn render_chat(&self, messages: &[(String, String)]) -> anyhow::Result<String> {
+        let template = self.template.as_ref().ok_or_else(|| {
+            anyhow!(
+                "model '{}' has no chat template in its GGUF metadata",
+                self.name
+            )
+        })?;
+        let chat = messages
+            .iter()
+            .map(|(role, content)| LlamaChatMessage::new(role.clone(), content.clone()))
+            .collect::<Result<Vec<_>, _>>()
+            .context("a message contains a NUL byte")?;
+        self.model
+            .apply_chat_template(template, &chat, true)
+            .map_err(|e| anyhow!("chat template of '{}' failed: {e}", self.name))
+    }
+
+    pub fn tokenize(&self, text: &str) -> Vec<LlamaToken> {
+        // parse_special: the template's control tokens (<|im_start|>) must
+        // become single tokens, as the model was trained.
+        self.model.vocab().tokenize(text.as_bytes(), true, true)
+    }
+
+    pub fn context_size(&self) -> u32 {
+        self.runtime.context_size
+    }
+
+    /// Start a generation: prefill the prompt and make the first token ready.
+    pub fn start(self: &Arc<Self>, prompt: &str, sampling: Sampling) -> anyhow::Result<Generation> {
+        Generation::new(self.clone(), prompt, sampling)
+    }
+}
+
+/// Why a generation ended, in OpenAI's words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    Stop,
+    Length,
+}
+
+impl Finish {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+        }
+    }
+}
+
+/// One decode step's result.
+pub struct Step {
+    /// New text; empty while a multi-byte character is still incomplete.
+    pub text: String,
+    pub finish: Option<Finish>,
+}
+
+/// A running completion. Field order matters: the context must be dropped
+/// before the model it borrows, which `model` (last) keeps alive.
+pub struct Generation {
+    context: LlamaContext<'static>,
+    sampler: LlamaSampler,
+    batch: LlamaBatch<'static>,
+    /// Position of the next token in the context.
+    position: i32,
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    max_tokens: u32,
+    /// Bytes of a UTF-8 character split across tokens.
+    pending: Vec<u8>,
+    finished: Option<Finish>,
+    model: Arc<LoadedModel>,
+}
+
+impl Generation {
+    fn new(model: Arc<LoadedModel>, prompt: &str, sampling: Sampling) -> anyhow::Result<Self> {
+        let tokens = model.tokenize(prompt);
+        let n_ctx = model.runtime.context_size;
+        if tokens.len() as u64 + 1 > n_ctx as u64 {
+            bail!(
+                "prompt is {} tokens; model '{}' serves at most {} with this node's context size",
+                tokens.len(),
+                model.name,
+                n_ctx.saturating_sub(1)
+            );
+        }
+        // Generation stops at the context's end even when max_tokens is larger.
+        let room = n_ctx - tokens.len() as u32;
+        let max_tokens = sampling.max_tokens.min(room);
+        let threads = model.runtime.threads as i32;
+        let params = LlamaContextParams::default()
+            .with_n_ctx(NonZeroU32::new(n_ctx))
+            .with_n_batch(n_ctx)
+            .with_n_threads(threads)
+            .with_n_threads_batch(threads);
+        let context = model
+            .model
+            .new_context(backend(), params)
+            .context("llama.cpp could not create a context")?;
+        // SAFETY: the context borrows `model.model`; `Generation` owns an Arc
+        // of that model and drops the context first (field order), so the
+        // borrow never outlives the model.
+        let context: LlamaContext<'static> = unsafe { std::mem::transmute(context) };
+
+        let mut batch = LlamaBatch::new(n_ctx as usize, 1);
+        let last = tokens.len() as i32 - 1;
+        for (i, token) in tokens.iter().enumerate() {
+            batch.add(*token, i as i32, &[0], i as i32 == last)?;
+        }
+        let mut generation = Self {
+            context,
+            sampler: sampler_for(&sampling),
+            batch,
+            position: tokens.len() as i32,
+            prompt_tokens: tokens.len() as u32,
+            completion_tokens: 0,
+            max_tokens,
+            pending: Vec::new(),
+            finished: None,
+            model,
+        };
+        generation
+            .context
+            .decode(&mut generation.batch)
+            .context("llama.cpp prefill failed")?;
+        if max_tokens == 0 {
+            generation.finished = Some(Finish::Length);
+        }
+        Ok(generation)
+    }
+
+    pub fn finished(&self) -> Option<Finish> {
+        self.finished
+    }
+
+    /// Sample one token from the ready logits and decode it so the next
+    /// step's logits are ready. After the end it keeps answering the finish.
+    pub fn step(&mut self) -> anyhow::Result<Step> {
+        if let Some(finish) = self.finished {
+            return Ok(Step {
+                text: self.flush_pending(),
+                finish: Some(finish),
+            });
+        }
+        let token = self
+            .sampler
+            .sample(&self.context, self.batch.n_tokens() - 1);
+        self.sampler.accept(token);
+        let vocab = self.model.model.vocab();
+        if vocab.is_eog(token) {
+            self.finished = Some(Finish::Stop);
+            return Ok(Step {
+                text: self.flush_pending(),
+                finish: self.finished,
+            });
+        }
+        self.completion_tokens += 1;
+        self.pending
+            .extend_from_slice(&vocab.token_to_piece(token, false, None));
+        let text = self.take_complete_utf8();
+        if self.completion_tokens >= self.max_tokens {
+            self.finished = Some(Finish::Length);
+            let mut text = text;
+            text.push_str(&self.flush_pending());
+            return Ok(Step {
+                text,
+                finish: self.finished,
+            });
+        }
+        self.batch.clear();
+        self.batch.add(token, self.position, &[0], true)?;
+        self.position += 1;
+        self.context
+            .decode(&mut self.batch)
+            .context("llama.cpp decode failed")?;
+        Ok(Step { text, finish: None })
+    }
+
+    /// Run to the end; the benchmark's baseline and non-streaming callers.
+    pub fn run_to_end(&mut self) -> anyhow::Result<(String, Finish)> {
+        let mut text = String::new();
+        loop {
+            let step = self.step()?;
+            text.push_str(&step.text);
+            if let Some(finish) = step.finish {
+                return Ok((text, finish));
+            }
+        }
+    }
+
+    fn take_complete_utf8(&mut self) -> String {
+        match std::str::from_utf8(&self.pending) {
+            Ok(s) => {
+                let s = s.to_string();
+                self.pending.clear();
+                s
+            }
+            Err(e) if e.error_len().is_none() => {
+                // An incomplete character at the end: keep it for the next token.
+                let valid = e.valid_up_to();
+                let s = String::from_utf8_lossy(&self.pending[..valid]).into_owned();
+                self.pending.drain(..valid);
+                s
+            }
+            Err(_) => self.flush_pending(),
+        }
+    }
+
+    fn flush_pending(&mut self) -> String {
+        let s = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending.clear();
+        s
+    }
+}
+
+fn sampler_for(sampling: &Sampling) -> LlamaSampler {
+    if sampling.temperature <= 0.0 {
+        LlamaSampler::greedy()
+    } else {
+        LlamaSampler::chain_simple([
+            LlamaSampler::top_p(sampling.top_p.clamp(0.0, 1.0), 1),
+            LlamaSampler::temp(sampling.temperature),
+            LlamaSampler::dist(sampling.seed),
+        ])
+    }
+}

@@ -1,0 +1,106 @@
+//! A running node: the config and every part built from it, shared by all
+//! request handlers.
+
+use crate::config::Config;
+use crate::ledger::{Ledger, Prices};
+use crate::nn::{LoadedModel, RuntimeParams};
+use crate::policy::PolicyHost;
+use crate::targets::cloud::CloudTarget;
+use crate::targets::local::LocalTarget;
+use crate::{components, runtime};
+use anyhow::bail;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub struct Node {
+    pub config: Config,
+    pub policy: PolicyHost,
+    pub local: LocalTarget,
+    pub cloud: CloudTarget,
+    pub ledger: Ledger,
+    pub started: Instant,
+}
+
+/// What to tell a user whose model file is missing.
+pub const FETCH_HINT: &str = "fetch the default model with `./dev setup` (or `scripts/fetch-models.sh`), or point [[local.models]] path at a GGUF file";
+
+impl Node {
+    pub async fn start(config: Config) -> anyhow::Result<Arc<Node>> {
+        let engine = runtime::engine()?;
+        let runtime_params = RuntimeParams {
+            threads: config.local.threads,
+            context_size: config.local.context_size,
+        };
+        let mut models = Vec::new();
+        for model in &config.local.models {
+            if !model.path.is_file() {
+                if model.optional {
+                    tracing::warn!(model = %model.name, path = %model.path.display(), "optional model is missing; serving without it");
+                    continue;
+                }
+                bail!(
+                    "model '{}' not found at {}: {FETCH_HINT}",
+                    model.name,
+                    model.path.display()
+                );
+            }
+            let size_mb = std::fs::metadata(&model.path)
+                .map(|m| m.len() >> 20)
+                .unwrap_or(0);
+            eprintln!(
+                "loading model '{}' from {} ({size_mb} MiB)…",
+                model.name,
+                model.path.display()
+            );
+            let t = Instant::now();
+            let model_runtime = runtime_params;
+            let (name, path) = (model.name.clone(), model.path.clone());
+            let loaded =
+                tokio::task::spawn_blocking(move || LoadedModel::load(&name, &path, model_runtime))
+                    .await??;
+            eprintln!(
+                "loaded model '{}' in {} ms",
+                model.name,
+                t.elapsed().as_millis()
+            );
+            models.push(loaded);
+        }
+        let local = LocalTarget::new(
+            &engine,
+            components::LOCAL_WORKER,
+            models,
+            config.local.max_queue,
+            config.local.max_concurrent,
+        )?;
+        let cloud = CloudTarget::new(
+            &engine,
+            components::CLOUD_FETCH,
+            &config.cloud.upstreams,
+            Duration::from_millis(config.limits.cloud_timeout_ms),
+        )?;
+        let policy = PolicyHost::new(&engine, &config.policy).await?;
+        let reference = config
+            .cloud
+            .upstreams
+            .first()
+            .map(|u| Prices {
+                usd_per_mtok_in: u.usd_per_mtok_in,
+                usd_per_mtok_out: u.usd_per_mtok_out,
+            })
+            .unwrap_or_default();
+        Ok(Arc::new(Node {
+            config,
+            policy,
+            local,
+            cloud,
+            ledger: Ledger::new(reference),
+            started: Instant::now(),
+        }))
+    }
+
+    /// The first configured local model: where requests that must stay go
+    /// when the policy named none that is usable.
+    pub fn default_local_model(&self) -> Option<&str> {
+        self.config.local.models.first().map(|m| m.name.as_str())
+    }
+}

@@ -1,0 +1,113 @@
+//! The wasmtime engine every component runs on, and the per-store state of
+//! each role. One engine per node: compiled code and the epoch clock that
+//! bounds policy calls are shared by all components.
+
+use crate::capabilities::{self, Role};
+use anyhow::Context;
+use std::path::Path;
+use std::time::Duration;
+use wasmtime::component::{Component, ResourceTable};
+use wasmtime::{Config, Engine, StoreLimits, StoreLimitsBuilder};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+/// One epoch tick; policy deadlines are counted in ticks.
+pub const EPOCH_TICK: Duration = Duration::from_millis(1);
+
+/// Ticks for stores that have no deadline of their own (targets end by
+/// their own timeouts, not by being killed mid-generation).
+pub const NO_DEADLINE: u64 = 1 << 40;
+
+pub fn engine() -> anyhow::Result<Engine> {
+    let mut config = Config::new();
+    config.wasm_component_model(true);
+    config.epoch_interruption(true);
+    let engine = Engine::new(&config)?;
+    let weak = engine.weak();
+    std::thread::Builder::new()
+        .name("epoch-ticker".into())
+        .spawn(move || {
+            while let Some(engine) = weak.upgrade() {
+                engine.increment_epoch();
+                drop(engine);
+                std::thread::sleep(EPOCH_TICK);
+            }
+        })?;
+    Ok(engine)
+}
+
+/// Compile a component and check its imports against its role.
+pub fn compile(
+    engine: &Engine,
+    bytes: &[u8],
+    role: Role,
+    origin: &str,
+) -> anyhow::Result<Component> {
+    let component = Component::new(engine, bytes)
+        .map_err(anyhow::Error::from)
+        .with_context(|| format!("{origin} is not a valid WebAssembly component"))?;
+    capabilities::check(engine, &component, role).with_context(|| format!("{origin} refused"))?;
+    Ok(component)
+}
+
+pub fn compile_file(engine: &Engine, path: &Path, role: Role) -> anyhow::Result<Component> {
+    let bytes = std::fs::read(path)
+        .with_context(|| format!("cannot read {} component {}", role.name(), path.display()))?;
+    compile(engine, &bytes, role, &path.display().to_string())
+}
+
+/// WASI for a guest: stderr goes to the node's log, nothing else is given.
+pub fn wasi(env: &[(&str, &str)]) -> WasiCtx {
+    let mut builder = WasiCtx::builder();
+    builder.inherit_stderr();
+    for (key, value) in env {
+        builder.env(key, value);
+    }
+    builder.build()
+}
+
+pub fn memory_limit(bytes: usize) -> StoreLimits {
+    StoreLimitsBuilder::new()
+        .memory_size(bytes)
+        .instances(8)
+        .build()
+}
+
+/// Store state of a policy instance.
+pub struct PolicyState {
+    pub wasi: WasiCtx,
+    pub table: ResourceTable,
+    pub limits: StoreLimits,
+}
+
+impl WasiView for PolicyState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+/// Where a target streams its text; `None` when the client did not ask
+/// for a stream.
+pub struct Sink {
+    pub tx: Option<tokio::sync::mpsc::UnboundedSender<String>>,
+}
+
+impl crate::bindings::target::sink::Host for Sink {
+    fn emit(&mut self, delta: String) -> bool {
+        match &self.tx {
+            Some(tx) => tx.send(delta).is_ok(),
+            None => true,
+        }
+    }
+}
+
+/// `completion-types` holds only types; nothing to implement.
+impl crate::bindings::target::completion_types::Host for Sink {}
+
+/// Lets `Target::add_to_linker` reach the sink inside any store state.
+pub struct SinkData;
+impl wasmtime::component::HasData for SinkData {
+    type Data<'a> = &'a mut Sink;
+}

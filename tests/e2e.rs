@@ -1,0 +1,723 @@
+//! End-to-end tests: the real `edgeroute` binary, the real SmolLM2 model, and
+//! a recording loopback "cloud" (see `support`).
+//!
+//! Each test function starts its own [`FakeCloud`] and [`Node`], so tests are
+//! independent and may run in parallel; related checks share one node to
+//! avoid loading the model more often than needed.
+//!
+//! Needs the model (`./dev setup`, or `bash scripts/fetch-models.sh`) and the
+//! policy fixtures built by `host/build.rs` (`EDGEROUTE_COMPONENTS_DIR`).
+
+mod support;
+
+use std::process::Command;
+
+use serde_json::{Value, json};
+use support::{CLOUD_REPLY, FakeCloud, LOCAL_MODEL, Node, Resp, UPSTREAM, UPSTREAM_MODEL, unique};
+
+const POLICY_ALWAYS_CLOUD: &str = concat!(
+    env!("EDGEROUTE_COMPONENTS_DIR"),
+    "/policy_always_cloud.wasm"
+);
+const POLICY_TRAP: &str = concat!(env!("EDGEROUTE_COMPONENTS_DIR"), "/policy_trap.wasm");
+const POLICY_LOOP: &str = concat!(env!("EDGEROUTE_COMPONENTS_DIR"), "/policy_loop.wasm");
+
+const OPENAI_CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/openai_client.py");
+
+const SHORT_PROMPT: &str = "Say hello in one short sentence.";
+
+/// Extra request headers for [`Node::post_chat`].
+type Headers<'a> = &'a [(&'a str, &'a str)];
+
+fn local_target() -> String {
+    format!("local:{LOCAL_MODEL}")
+}
+
+fn cloud_target() -> String {
+    format!("cloud:{UPSTREAM}")
+}
+
+/// A deterministic, small chat completion request.
+fn chat(prompt: &str) -> Value {
+    json!({
+        "model": LOCAL_MODEL,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": 24,
+        "temperature": 0,
+    })
+}
+
+/// `chat(prompt)` with `key` set to `value`.
+fn chat_with(prompt: &str, key: &str, value: Value) -> Value {
+    let mut body = chat(prompt);
+    body[key] = value;
+    body
+}
+
+/// A prompt of well over 64 tokens (about 150 words) carrying `canary`, so the
+/// fake cloud's record shows whether this exact prompt left the node.
+fn long_prompt(canary: &str) -> String {
+    let notes = "The quarterly report covers regional sales, inventory turnover, \
+                 supplier delays, staffing changes and the outlook for the next two \
+                 quarters across every store in the northern district.";
+    format!(
+        "Reference {canary}. Summarize these notes in one sentence. {} End of notes.",
+        [notes; 5].join(" ")
+    )
+}
+
+/// A long prompt with personal data and no declared sensitivity.
+fn pii_prompt(canary: &str) -> String {
+    format!(
+        "{} Customer contact: jane.doe@example.com, SSN 123-45-6789.",
+        long_prompt(canary)
+    )
+}
+
+/// A 200 answered by the local model; returns the text.
+#[track_caller]
+fn assert_local_completion(resp: &Resp, what: &str) -> String {
+    assert_eq!(resp.status, 200, "{what}: expected 200\n{resp:?}");
+    assert_eq!(
+        resp.target(),
+        Some(local_target().as_str()),
+        "{what}: expected x-edgeroute-target {}\n{resp:?}",
+        local_target()
+    );
+    assert!(
+        resp.reason().is_some_and(|r| !r.trim().is_empty()),
+        "{what}: missing x-edgeroute-reason\n{resp:?}"
+    );
+    let body = resp.json();
+    assert_eq!(body["object"], "chat.completion", "{what}\n{resp:?}");
+    assert_eq!(
+        body["choices"][0]["message"]["role"], "assistant",
+        "{what}\n{resp:?}"
+    );
+    let content = body["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        content.chars().any(char::is_alphanumeric),
+        "{what}: local answer should be non-empty text, got {content:?}\n{resp:?}"
+    );
+    assert_ne!(
+        content, CLOUD_REPLY,
+        "{what}: answered by the cloud\n{resp:?}"
+    );
+    content
+}
+
+/// A 200 answered by the fake cloud.
+#[track_caller]
+fn assert_cloud_completion(resp: &Resp, what: &str) {
+    assert_eq!(resp.status, 200, "{what}: expected 200\n{resp:?}");
+    assert_eq!(
+        resp.target(),
+        Some(cloud_target().as_str()),
+        "{what}: expected x-edgeroute-target {}\n{resp:?}",
+        cloud_target()
+    );
+    assert!(
+        resp.reason().is_some_and(|r| !r.trim().is_empty()),
+        "{what}: missing x-edgeroute-reason\n{resp:?}"
+    );
+    assert_eq!(
+        resp.content().as_deref(),
+        Some(CLOUD_REPLY),
+        "{what}\n{resp:?}"
+    );
+}
+
+/// An OpenAI-style error body: `{"error": {"message", "type", "code"}}`.
+#[track_caller]
+fn assert_openai_error(resp: &Resp, what: &str) -> Value {
+    let body: Value = serde_json::from_str(&resp.body_text)
+        .unwrap_or_else(|e| panic!("{what}: error body is not JSON ({e})\n{resp:?}"));
+    let error = &body["error"];
+    assert!(
+        error["message"]
+            .as_str()
+            .is_some_and(|m| !m.trim().is_empty()),
+        "{what}: error.message should be a non-empty string\n{resp:?}"
+    );
+    assert!(
+        error["type"].is_string(),
+        "{what}: error.type should be a string\n{resp:?}"
+    );
+    assert!(
+        error.get("code").is_some(),
+        "{what}: error.code should be present (string or null)\n{resp:?}"
+    );
+    error.clone()
+}
+
+/// Nothing mentioning any canary reached the cloud, and no chat request did.
+#[track_caller]
+fn assert_nothing_left(cloud: &FakeCloud, canaries: &[String], what: &str) {
+    for canary in canaries {
+        assert!(
+            cloud.requests_mentioning(canary).is_empty(),
+            "{what}: a prompt tagged {canary} reached the cloud\n{}",
+            cloud.describe()
+        );
+    }
+    assert!(
+        cloud.chat_requests().is_empty(),
+        "{what}: the cloud received chat requests\n{}",
+        cloud.describe()
+    );
+}
+
+#[test]
+fn short_public_prompt_is_answered_locally() {
+    let cloud = FakeCloud::start();
+    let node = Node::start(&cloud);
+
+    let health = node.get("/healthz");
+    assert_eq!(health.status, 200, "{health:?}");
+
+    let models = node.get("/v1/models");
+    assert_eq!(models.status, 200, "{models:?}");
+    let listed = models.json();
+    let ids: Vec<&str> = listed["data"]
+        .as_array()
+        .unwrap_or_else(|| panic!("/v1/models has no data array\n{models:?}"))
+        .iter()
+        .filter_map(|m| m["id"].as_str())
+        .collect();
+    assert!(
+        ids.contains(&LOCAL_MODEL),
+        "{LOCAL_MODEL} not listed: {ids:?}"
+    );
+    assert!(
+        models.body_text.contains(UPSTREAM),
+        "upstream {UPSTREAM} not listed\n{models:?}"
+    );
+
+    // Non-streaming.
+    let resp = node.post_chat(chat(SHORT_PROMPT), &[]);
+    let text = assert_local_completion(&resp, "short public prompt");
+    let body = resp.json();
+    assert!(
+        matches!(
+            body["choices"][0]["finish_reason"].as_str(),
+            Some("stop" | "length")
+        ),
+        "finish_reason\n{resp:?}"
+    );
+    let usage = &body["usage"];
+    let prompt_tokens = usage["prompt_tokens"].as_u64().unwrap_or(0);
+    let completion_tokens = usage["completion_tokens"].as_u64().unwrap_or(0);
+    assert!(prompt_tokens > 0, "usage.prompt_tokens\n{resp:?}");
+    assert!(
+        (1..=24).contains(&completion_tokens),
+        "usage.completion_tokens should be 1..=max_tokens\n{resp:?}"
+    );
+    assert_eq!(
+        usage["total_tokens"].as_u64(),
+        Some(prompt_tokens + completion_tokens),
+        "usage.total_tokens\n{resp:?}"
+    );
+
+    // Streaming: several chunks, then [DONE].
+    let resp = node.post_chat(chat_with(SHORT_PROMPT, "stream", json!(true)), &[]);
+    assert_eq!(resp.status, 200, "{resp:?}");
+    assert_eq!(resp.target(), Some(local_target().as_str()), "{resp:?}");
+    assert!(
+        resp.header("content-type")
+            .is_some_and(|c| c.starts_with("text/event-stream")),
+        "stream content-type\n{resp:?}"
+    );
+    let stream = resp.stream();
+    assert!(
+        stream.content_chunks >= 2,
+        "want >= 2 content chunks, got {stream:?}\n{resp:?}"
+    );
+    assert!(
+        stream.done_last && stream.done_count == 1,
+        "must end with one [DONE]\n{resp:?}"
+    );
+    assert!(
+        stream.objects.iter().all(|o| o == "chat.completion.chunk"),
+        "chunk objects {:?}\n{resp:?}",
+        stream.objects
+    );
+    assert!(stream.finish_reason.is_some(), "no finish_reason\n{resp:?}");
+    assert!(stream.errors.is_empty(), "error chunks\n{resp:?}");
+    // Greedy decoding of the same prompt: the stream spells the same answer.
+    assert_eq!(
+        stream.text.trim(),
+        text.trim(),
+        "streamed and non-streamed answers differ at temperature 0"
+    );
+
+    assert_nothing_left(&cloud, &[], "short public prompts");
+}
+
+#[test]
+fn long_public_prompt_goes_to_cloud() {
+    let cloud = FakeCloud::start();
+    let node = Node::start(&cloud);
+
+    let canary = unique("canary-cloud");
+    let prompt = long_prompt(&canary);
+    let resp = node.post_chat(chat(&prompt), &[]);
+    assert_cloud_completion(&resp, "long public prompt");
+
+    let sent = cloud.requests_mentioning(&canary);
+    assert_eq!(
+        sent.len(),
+        1,
+        "want exactly one upstream request\n{}",
+        cloud.describe()
+    );
+    let sent = &sent[0];
+    assert!(sent.is_chat(), "{sent:?}");
+    assert_eq!(
+        sent.body["model"], UPSTREAM_MODEL,
+        "upstream model from config\n{sent:?}"
+    );
+    let forwarded = sent.body["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default();
+    assert_eq!(
+        forwarded, prompt,
+        "the prompt is forwarded intact\n{sent:?}"
+    );
+    let expected_auth = format!("Bearer {}", node.api_key());
+    assert_eq!(
+        sent.header("authorization"),
+        Some(expected_auth.as_str()),
+        "API key from {} is sent as a bearer token",
+        support::API_KEY_ENV
+    );
+    assert!(
+        !node.logs().contains(node.api_key()),
+        "the upstream API key must never be logged"
+    );
+
+    // Streaming through the cloud.
+    let canary = unique("canary-cloud-stream");
+    let resp = node.post_chat(chat_with(&long_prompt(&canary), "stream", json!(true)), &[]);
+    assert_eq!(resp.status, 200, "{resp:?}");
+    assert_eq!(resp.target(), Some(cloud_target().as_str()), "{resp:?}");
+    let stream = resp.stream();
+    assert_eq!(stream.text, CLOUD_REPLY, "{stream:?}\n{resp:?}");
+    assert!(stream.content_chunks >= 2, "{stream:?}");
+    assert!(stream.done_last && stream.done_count == 1, "{resp:?}");
+    let sent = cloud.requests_mentioning(&canary);
+    assert_eq!(sent.len(), 1, "{}", cloud.describe());
+    assert_eq!(sent[0].body["stream"], true, "{:?}", sent[0]);
+}
+
+#[test]
+fn upstream_flag_overrides_the_configured_base_url() {
+    let cloud = FakeCloud::start();
+    // Nothing listens on the configured URL (port 9, "discard"); the flag wins.
+    let node = Node::builder(&cloud)
+        .upstream_url("http://127.0.0.1:9/v1")
+        .arg("--upstream")
+        .arg(format!("{UPSTREAM}={}", cloud.url()))
+        .start();
+    let canary = unique("canary-override");
+    let resp = node.post_chat(chat(&long_prompt(&canary)), &[]);
+    assert_cloud_completion(&resp, "long public prompt with --upstream");
+    assert_eq!(
+        cloud.requests_mentioning(&canary).len(),
+        1,
+        "{}",
+        cloud.describe()
+    );
+}
+
+#[test]
+fn sensitive_prompts_stay_local() {
+    let cloud = FakeCloud::start();
+    let node = Node::start(&cloud);
+    let mut canaries = Vec::new();
+
+    // Declared by header.
+    let canary = unique("canary-header");
+    let resp = node.post_chat(
+        chat(&long_prompt(&canary)),
+        &[("x-edgeroute-sensitivity", "restricted")],
+    );
+    assert_local_completion(&resp, "restricted (header)");
+    canaries.push(canary);
+
+    // Declared in the body.
+    let canary = unique("canary-metadata");
+    let resp = node.post_chat(
+        chat_with(
+            &long_prompt(&canary),
+            "metadata",
+            json!({"sensitivity": "restricted"}),
+        ),
+        &[],
+    );
+    assert_local_completion(&resp, "restricted (metadata.sensitivity)");
+    canaries.push(canary);
+
+    // Streaming does not change where it runs.
+    let canary = unique("canary-stream");
+    let resp = node.post_chat(
+        chat_with(&long_prompt(&canary), "stream", json!(true)),
+        &[("x-edgeroute-sensitivity", "restricted")],
+    );
+    assert_eq!(resp.status, 200, "{resp:?}");
+    assert_eq!(resp.target(), Some(local_target().as_str()), "{resp:?}");
+    assert!(resp.stream().content_chunks >= 1, "{resp:?}");
+    canaries.push(canary);
+
+    // Not declared, but detected: an email address and an SSN.
+    let canary = unique("canary-pii");
+    let resp = node.post_chat(chat(&pii_prompt(&canary)), &[]);
+    assert_local_completion(&resp, "undeclared PII");
+    canaries.push(canary);
+
+    // Unknown levels are treated as the most sensitive.
+    let canary = unique("canary-unknown-level");
+    let resp = node.post_chat(
+        chat(&long_prompt(&canary)),
+        &[("x-edgeroute-sensitivity", "top-secret")],
+    );
+    assert_local_completion(&resp, "unknown sensitivity level");
+    canaries.push(canary);
+
+    assert_nothing_left(&cloud, &canaries, "sensitive prompts");
+
+    // Control: the same kind of prompt, public, does go to the cloud, so the
+    // checks above are not passing only because nothing ever leaves.
+    let canary = unique("canary-public");
+    let resp = node.post_chat(
+        chat(&long_prompt(&canary)),
+        &[("x-edgeroute-sensitivity", "public")],
+    );
+    assert_cloud_completion(&resp, "long public prompt (control)");
+    assert_eq!(
+        cloud.requests_mentioning(&canary).len(),
+        1,
+        "{}",
+        cloud.describe()
+    );
+    for canary in &canaries {
+        assert!(
+            cloud.requests_mentioning(canary).is_empty(),
+            "{}",
+            cloud.describe()
+        );
+    }
+}
+
+#[test]
+fn restricted_prompt_fails_closed_when_local_model_is_unavailable() {
+    let cloud = FakeCloud::start();
+    let missing = std::env::temp_dir().join(format!("{}.gguf", unique("no-such-model")));
+    let node = Node::builder(&cloud)
+        .model_path(&missing)
+        .model_optional(true)
+        .start();
+    let canaries: Vec<String> = ["canary-short", "canary-long", "canary-stream", "canary-pii"]
+        .into_iter()
+        .map(unique)
+        .collect();
+    let restricted = [("x-edgeroute-sensitivity", "restricted")];
+    let cases: Vec<(&str, Value, Headers)> = vec![
+        (
+            "short, header",
+            chat(&format!("{SHORT_PROMPT} ({})", canaries[0])),
+            &restricted,
+        ),
+        (
+            "long, metadata",
+            chat_with(
+                &long_prompt(&canaries[1]),
+                "metadata",
+                json!({"sensitivity": "restricted"}),
+            ),
+            &[],
+        ),
+        (
+            "long, header, stream",
+            chat_with(&long_prompt(&canaries[2]), "stream", json!(true)),
+            &restricted,
+        ),
+        ("long, undeclared PII", chat(&pii_prompt(&canaries[3])), &[]),
+    ];
+    for (what, body, headers) in cases {
+        let resp = node.post_chat(body, headers);
+        assert_eq!(
+            resp.status, 503,
+            "restricted, local unavailable ({what})\n{resp:?}"
+        );
+        let error = assert_openai_error(&resp, what);
+        assert_eq!(error["code"], "local_unavailable", "{what}\n{resp:?}");
+        assert!(
+            !resp.target().is_some_and(|t| t.starts_with("cloud:")),
+            "{what}\n{resp:?}"
+        );
+    }
+    assert_nothing_left(&cloud, &canaries, "restricted while local is unavailable");
+
+    // Public work still flows to the cloud meanwhile.
+    let canary = unique("canary-public");
+    let resp = node.post_chat(chat(&long_prompt(&canary)), &[]);
+    assert_cloud_completion(&resp, "long public prompt while local is unavailable");
+    assert_eq!(
+        cloud.requests_mentioning(&canary).len(),
+        1,
+        "{}",
+        cloud.describe()
+    );
+    for canary in &canaries {
+        assert!(
+            cloud.requests_mentioning(canary).is_empty(),
+            "{}",
+            cloud.describe()
+        );
+    }
+}
+
+/// Whether a reason header says the policy failed (trap, timeout, …).
+fn mentions_policy_failure(reason: &str) -> bool {
+    let reason = reason.to_ascii_lowercase();
+    reason.contains("policy")
+        && [
+            "trap",
+            "timeout",
+            "timed out",
+            "deadline",
+            "fail",
+            "error",
+            "safe default",
+            "fallback",
+            "on_failure",
+        ]
+        .iter()
+        .any(|word| reason.contains(word))
+}
+
+/// A hostile policy never gets a sensitive prompt to the cloud, and the node
+/// keeps serving afterwards.
+fn hostile_policy_cannot_leak(component: &str, expect_failure_reason: bool) {
+    let cloud = FakeCloud::start();
+    let mut node = Node::builder(&cloud)
+        .policy_component(component)
+        .deadline_ms(20)
+        .start();
+    let canaries: Vec<String> = [
+        "canary-header",
+        "canary-metadata",
+        "canary-pii",
+        "canary-again",
+    ]
+    .into_iter()
+    .map(unique)
+    .collect();
+    let restricted = [("x-edgeroute-sensitivity", "restricted")];
+    let requests: Vec<(Value, Headers)> = vec![
+        (chat(&long_prompt(&canaries[0])), &restricted),
+        (
+            chat_with(
+                &long_prompt(&canaries[1]),
+                "metadata",
+                json!({"sensitivity": "restricted"}),
+            ),
+            &[],
+        ),
+        (chat(&pii_prompt(&canaries[2])), &[]),
+        // Once more: a trapped or interrupted instance must not wedge the node.
+        (chat(&long_prompt(&canaries[3])), &restricted),
+    ];
+    for (i, (body, headers)) in requests.into_iter().enumerate() {
+        let what = format!("{component}, sensitive request #{i}");
+        let resp = node.post_chat(body, headers);
+        match resp.status {
+            200 => {
+                assert_local_completion(&resp, &what);
+            }
+            503 => {
+                assert_openai_error(&resp, &what);
+            }
+            other => panic!("{what}: want 200 (local) or 503, got {other}\n{resp:?}"),
+        }
+        assert!(
+            !resp.target().is_some_and(|t| t.starts_with("cloud:")),
+            "{what}: routed to the cloud\n{resp:?}"
+        );
+        if expect_failure_reason {
+            let reason = resp.reason().unwrap_or_default();
+            assert!(
+                mentions_policy_failure(reason),
+                "{what}: x-edgeroute-reason should say the policy failed, got {reason:?}\n{resp:?}"
+            );
+        }
+    }
+    assert_nothing_left(&cloud, &canaries, component);
+
+    // The node keeps serving.
+    let resp = node.post_chat(chat(SHORT_PROMPT), &[]);
+    assert_eq!(resp.status, 200, "{component}: follow-up request\n{resp:?}");
+    assert!(resp.target().is_some(), "{resp:?}");
+    assert!(
+        resp.content().is_some_and(|c| !c.trim().is_empty()),
+        "{resp:?}"
+    );
+    let health = node.get("/healthz");
+    assert_eq!(health.status, 200, "{health:?}");
+    assert!(node.is_running(), "{component}: the node died");
+    for canary in &canaries {
+        assert!(
+            cloud.requests_mentioning(canary).is_empty(),
+            "{}",
+            cloud.describe()
+        );
+    }
+}
+
+#[test]
+fn hostile_policy_always_cloud_cannot_leak_restricted_prompts() {
+    hostile_policy_cannot_leak(POLICY_ALWAYS_CLOUD, false);
+}
+
+#[test]
+fn hostile_policy_that_traps_cannot_leak_restricted_prompts() {
+    hostile_policy_cannot_leak(POLICY_TRAP, true);
+}
+
+#[test]
+fn hostile_policy_that_loops_forever_cannot_leak_restricted_prompts() {
+    hostile_policy_cannot_leak(POLICY_LOOP, true);
+}
+
+fn env_flag(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "0" && !v.eq_ignore_ascii_case("false"))
+}
+
+#[test]
+fn official_openai_python_client_works() {
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned());
+    let has_openai = Command::new(&python)
+        .args(["-c", "import openai"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_openai {
+        let message = format!(
+            "`{python} -c \"import openai\"` failed: install the client with \
+             `{python} -m pip install -r tests/requirements.txt` (./dev test does)"
+        );
+        if env_flag("CI") {
+            panic!("{message}");
+        }
+        eprintln!("SKIPPED official_openai_python_client_works: {message}");
+        return;
+    }
+
+    let cloud = FakeCloud::start();
+    let node = Node::start(&cloud);
+    let base_url = format!("{}/v1", node.url());
+    let output = Command::new(&python)
+        .arg(OPENAI_CLIENT)
+        .arg(&base_url)
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .env("no_proxy", "127.0.0.1,localhost")
+        .output()
+        .unwrap_or_else(|e| panic!("run {python} {OPENAI_CLIENT}: {e}"));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    eprintln!("--- openai_client.py stdout ---\n{stdout}\n--- stderr ---\n{stderr}");
+    assert!(
+        output.status.success(),
+        "tests/openai_client.py {base_url} failed ({})\n{stdout}\n{stderr}\n--- node output ---\n{}",
+        output.status,
+        node.logs()
+    );
+    assert!(
+        stdout.contains(&format!("\"x-edgeroute-target\": \"{}\"", local_target())),
+        "short prompts from the SDK should run locally\n{stdout}"
+    );
+    assert_nothing_left(&cloud, &[], "openai client (short prompts)");
+}
+
+#[test]
+fn bad_input_gets_a_4xx_json_error_and_the_node_keeps_serving() {
+    let cloud = FakeCloud::start();
+    let node = Node::start(&cloud);
+    let json_bytes = |v: Value| serde_json::to_vec(&v).unwrap();
+
+    let mut invalid_utf8 =
+        br#"{"model":"smollm2","messages":[{"role":"user","content":"caf"#.to_vec();
+    invalid_utf8.extend_from_slice(&[0xff, 0xfe, 0xc3, 0x28]);
+    invalid_utf8.extend_from_slice(br#""}],"max_tokens":16}"#);
+
+    let ten_mb = json_bytes(json!({
+        "model": LOCAL_MODEL,
+        "messages": [{"role": "user", "content": "a".repeat(10 * 1024 * 1024)}],
+        "max_tokens": 16,
+    }));
+    assert!(ten_mb.len() > 10 * 1024 * 1024);
+
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        (
+            "malformed JSON",
+            br#"{"model": "smollm2", "messages": [{"role": "user", "content": "hi"}"#.to_vec(),
+        ),
+        ("not JSON at all", b"hello there".to_vec()),
+        (
+            "messages is a string",
+            json_bytes(json!({"model": LOCAL_MODEL, "messages": "hi"})),
+        ),
+        (
+            "max_tokens is a string",
+            json_bytes(json!({
+                "model": LOCAL_MODEL,
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": "many",
+            })),
+        ),
+        (
+            "content is a number",
+            json_bytes(
+                json!({"model": LOCAL_MODEL, "messages": [{"role": "user", "content": 42}]}),
+            ),
+        ),
+        (
+            "messages missing",
+            json_bytes(json!({"model": LOCAL_MODEL})),
+        ),
+        (
+            "messages empty",
+            json_bytes(json!({"model": LOCAL_MODEL, "messages": []})),
+        ),
+        (
+            "unknown model",
+            json_bytes(json!({"model": "nope", "messages": [{"role": "user", "content": "hi"}]})),
+        ),
+        ("invalid UTF-8", invalid_utf8),
+        ("10 MB body", ten_mb),
+    ];
+    for (what, body) in cases {
+        let resp = node.post_raw(&body, "application/json");
+        assert!(
+            (400..500).contains(&resp.status),
+            "{what}: want a 4xx, got {}\n{resp:?}",
+            resp.status
+        );
+        assert_openai_error(&resp, what);
+        assert!(
+            !resp.target().is_some_and(|t| t.starts_with("cloud:")),
+            "{what}\n{resp:?}"
+        );
+    }
+    assert_nothing_left(&cloud, &[], "bad input");
+
+    // Still serving.
+    let resp = node.post_chat(chat(SHORT_PROMPT), &[]);
+    assert_local_completion(&resp, "request after bad input");
+    let health = node.get("/healthz");
+    assert_eq!(health.status, 200, "{health:?}");
+}

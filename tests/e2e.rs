@@ -721,3 +721,29 @@ fn bad_input_gets_a_4xx_json_error_and_the_node_keeps_serving() {
     let health = node.get("/healthz");
     assert_eq!(health.status, 200, "{health:?}");
 }
+
+/// A full local queue is a load condition, not a reason to leak: restricted
+/// work gets a 503 and goes nowhere, public work may spill to the cloud.
+/// `max_queue = 0` makes the queue full for every request, deterministically.
+#[test]
+fn full_local_queue_fails_closed_for_restricted_and_spills_public_to_cloud() {
+    let cloud = FakeCloud::start();
+    let node = Node::builder(&cloud).max_queue(0).start();
+
+    let canary = unique("canary-busy-restricted");
+    let resp = node.post_chat(
+        chat(&format!("{SHORT_PROMPT} ({canary})")),
+        &[("x-edgeroute-sensitivity", "restricted")],
+    );
+    assert_eq!(resp.status, 503, "restricted with a full queue\n{resp:?}");
+    let error = assert_openai_error(&resp, "restricted with a full queue");
+    assert_eq!(error["code"], "local_busy", "{resp:?}");
+    assert_nothing_left(&cloud, std::slice::from_ref(&canary), "restricted with a full queue");
+
+    let public = unique("canary-busy-public");
+    let resp = node.post_chat(chat(&format!("{SHORT_PROMPT} ({public})")), &[]);
+    assert_cloud_completion(&resp, "short public prompt with a full local queue");
+    let reason = resp.reason().unwrap_or_default();
+    assert!(reason.contains("cloud fallback"), "reason: {reason}");
+    assert_eq!(cloud.requests_mentioning(&public).len(), 1, "{}", cloud.describe());
+}

@@ -22,6 +22,8 @@ const COMPONENTS: &[(&str, &str)] = &[
     ("fixtures/policy-always-cloud", "policy_always_cloud.wasm"),
     ("fixtures/policy-trap", "policy_trap.wasm"),
     ("fixtures/policy-loop", "policy_loop.wasm"),
+    ("fixtures/policy-counter", "policy_counter.wasm"),
+    ("fixtures/policy-wrong-world", "policy_wrong_world.wasm"),
 ];
 
 /// Variables the outer build sets that would change the nested one. The

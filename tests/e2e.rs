@@ -738,12 +738,21 @@ fn full_local_queue_fails_closed_for_restricted_and_spills_public_to_cloud() {
     assert_eq!(resp.status, 503, "restricted with a full queue\n{resp:?}");
     let error = assert_openai_error(&resp, "restricted with a full queue");
     assert_eq!(error["code"], "local_busy", "{resp:?}");
-    assert_nothing_left(&cloud, std::slice::from_ref(&canary), "restricted with a full queue");
+    assert_nothing_left(
+        &cloud,
+        std::slice::from_ref(&canary),
+        "restricted with a full queue",
+    );
 
     let public = unique("canary-busy-public");
     let resp = node.post_chat(chat(&format!("{SHORT_PROMPT} ({public})")), &[]);
     assert_cloud_completion(&resp, "short public prompt with a full local queue");
     let reason = resp.reason().unwrap_or_default();
     assert!(reason.contains("cloud fallback"), "reason: {reason}");
-    assert_eq!(cloud.requests_mentioning(&public).len(), 1, "{}", cloud.describe());
+    assert_eq!(
+        cloud.requests_mentioning(&public).len(),
+        1,
+        "{}",
+        cloud.describe()
+    );
 }

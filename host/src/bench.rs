@@ -227,13 +227,13 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
     let mut calls = Vec::with_capacity(options.policy_calls as usize);
     for _ in 0..options.policy_calls {
         let t = Instant::now();
-        let _ = node.policy.route(&features).await;
+        let _ = std::hint::black_box(node.policy.route(&features).await);
         calls.push(t.elapsed());
     }
     calls.sort();
     println!(
         "policy.route ({}, {} calls): p50 {:.1} µs, p99 {:.1} µs",
-        node.policy.origin,
+        node.policy.current().source,
         calls.len(),
         percentile(&calls, 0.5).as_secs_f64() * 1e6,
         percentile(&calls, 0.99).as_secs_f64() * 1e6
@@ -262,7 +262,7 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
             &node.cloud,
         )
         .map_err(|e| anyhow::anyhow!("{}", e.message))?;
-        let decision = node.policy.route(&features).await;
+        let (_, decision) = node.policy.route(&features).await;
         std::hint::black_box(guard::place(decision, &features, &view));
         overhead.push(t.elapsed());
     }

@@ -12,11 +12,45 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
+    pub node: NodeConfig,
+    pub admin: AdminConfig,
     pub local: LocalConfig,
     pub cloud: CloudConfig,
     pub policy: PolicyConfig,
     pub guard: GuardConfig,
     pub limits: Limits,
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct NodeConfig {
+    /// Where the node keeps state across restarts (a policy's snapshot).
+    /// None: nothing is persisted.
+    pub state_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Environment variable holding the admin bearer token. When it is
+    /// unset or empty the admin endpoints are off.
+    pub token_env: String,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            token_env: "EDGEROUTE_ADMIN_TOKEN".into(),
+        }
+    }
+}
+
+impl AdminConfig {
+    pub fn token(&self) -> Option<String> {
+        std::env::var(&self.token_env)
+            .ok()
+            .filter(|t| !t.is_empty())
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -103,6 +137,8 @@ pub struct PolicyConfig {
     /// Linear memory cap of a policy instance.
     pub memory_limit_bytes: usize,
     pub on_failure: OnPolicyFailure,
+    /// Swap in the component file whenever it changes on disk.
+    pub watch: bool,
     /// Passed verbatim to the policy's `configure`.
     pub params: BTreeMap<String, String>,
 }
@@ -114,6 +150,7 @@ impl Default for PolicyConfig {
             deadline_ms: 20,
             memory_limit_bytes: 64 << 20,
             on_failure: OnPolicyFailure::Local,
+            watch: true,
             params: BTreeMap::new(),
         }
     }
@@ -146,6 +183,8 @@ pub struct Limits {
     pub max_completion_tokens: u32,
     /// Wall-clock limit of one cloud call.
     pub cloud_timeout_ms: u64,
+    /// Largest policy component accepted by the admin API.
+    pub max_component_bytes: usize,
 }
 
 impl Default for Limits {
@@ -154,6 +193,7 @@ impl Default for Limits {
             max_body_bytes: 1 << 20,
             max_completion_tokens: 1024,
             cloud_timeout_ms: 60_000,
+            max_component_bytes: 64 << 20,
         }
     }
 }
@@ -171,6 +211,11 @@ impl Config {
     }
 
     fn resolve_paths(&mut self, base: &Path) {
+        if let Some(dir) = &self.node.state_dir
+            && dir.is_relative()
+        {
+            self.node.state_dir = Some(base.join(dir));
+        }
         for model in &mut self.local.models {
             if model.path.is_relative() {
                 model.path = base.join(&model.path);

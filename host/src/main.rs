@@ -31,6 +31,9 @@ struct NodeArgs {
     /// Use this policy component instead of the configured one.
     #[arg(long, value_name = "FILE.wasm")]
     policy: Option<PathBuf>,
+    /// Keep state across restarts here (overrides [node] state_dir).
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -51,6 +54,11 @@ enum Command {
         #[command(flatten)]
         options: edgeroute::bench::Options,
     },
+    /// Check a policy component offline, or manage a running node's policy.
+    Policy {
+        #[command(subcommand)]
+        command: edgeroute::cli::PolicyCommand,
+    },
 }
 
 fn load_config(args: &NodeArgs) -> anyhow::Result<Config> {
@@ -60,6 +68,9 @@ fn load_config(args: &NodeArgs) -> anyhow::Result<Config> {
     }
     if let Some(policy) = &args.policy {
         config.policy.component = Some(policy.clone());
+    }
+    if let Some(dir) = &args.state_dir {
+        config.node.state_dir = Some(dir.clone());
     }
     Ok(config)
 }
@@ -91,21 +102,31 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             // Tests and scripts wait for this exact line.
             println!("edgeroute listening on http://{addr}");
             std::io::stdout().flush()?;
+            let policy = node.policy.current();
             eprintln!(
-                "policy: {}; local models: {:?}; cloud upstreams: {:?}",
-                node.policy.origin,
+                "policy: {} ({}); local models: {:?}; cloud upstreams: {:?}; admin endpoints: {}",
+                policy.id,
+                policy.source,
                 node.local.model_names(),
-                node.cloud.upstream_names()
+                node.cloud.upstream_names(),
+                if node.admin_token.is_some() {
+                    "on"
+                } else {
+                    "off"
+                },
             );
-            axum::serve(listener, edgeroute::api::router(node))
+            edgeroute::reload::spawn(&node);
+            axum::serve(listener, edgeroute::api::router(node.clone()))
                 .with_graceful_shutdown(shutdown())
                 .await?;
+            node.policy.persist().await;
             Ok(())
         }
         Command::Bench { node, options } => {
             let config = load_config(&node)?;
             edgeroute::bench::run(config, options).await
         }
+        Command::Policy { command } => edgeroute::cli::policy(command).await,
     }
 }
 

@@ -19,6 +19,8 @@ pub struct Node {
     pub cloud: CloudTarget,
     pub ledger: Ledger,
     pub started: Instant,
+    /// Bearer token of the admin endpoints; None turns them off.
+    pub admin_token: Option<String>,
 }
 
 /// What to tell a user whose model file is missing.
@@ -78,7 +80,8 @@ impl Node {
             &config.cloud.upstreams,
             Duration::from_millis(config.limits.cloud_timeout_ms),
         )?;
-        let policy = PolicyHost::new(&engine, &config.policy).await?;
+        let policy =
+            PolicyHost::new(&engine, &config.policy, config.node.state_dir.clone()).await?;
         let reference = config
             .cloud
             .upstreams
@@ -89,12 +92,13 @@ impl Node {
             })
             .unwrap_or_default();
         Ok(Arc::new(Node {
-            config,
             policy,
             local,
             cloud,
             ledger: Ledger::new(reference),
             started: Instant::now(),
+            admin_token: config.admin.token(),
+            config,
         }))
     }
 

@@ -7,7 +7,7 @@ use anyhow::Context;
 use std::path::Path;
 use std::time::Duration;
 use wasmtime::component::{Component, ResourceTable};
-use wasmtime::{Config, Engine, StoreLimits, StoreLimitsBuilder};
+use wasmtime::{Config, Engine, ResourceLimiter};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 /// One epoch tick; policy deadlines are counted in ticks.
@@ -65,18 +65,52 @@ pub fn wasi(env: &[(&str, &str)]) -> WasiCtx {
     builder.build()
 }
 
-pub fn memory_limit(bytes: usize) -> StoreLimits {
-    StoreLimitsBuilder::new()
-        .memory_size(bytes)
-        .instances(8)
-        .build()
+/// A memory cap that also remembers how much the instance uses, so the
+/// admin view can show a policy's footprint.
+pub struct MemoryCap {
+    limit: usize,
+    current: usize,
+}
+
+impl MemoryCap {
+    pub fn new(limit: usize) -> Self {
+        Self { limit, current: 0 }
+    }
+
+    pub fn current(&self) -> usize {
+        self.current
+    }
+}
+
+impl ResourceLimiter for MemoryCap {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.limit {
+            return Ok(false);
+        }
+        self.current = desired;
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= 1 << 20)
+    }
 }
 
 /// Store state of a policy instance.
 pub struct PolicyState {
     pub wasi: WasiCtx,
     pub table: ResourceTable,
-    pub limits: StoreLimits,
+    pub limits: MemoryCap,
 }
 
 impl WasiView for PolicyState {

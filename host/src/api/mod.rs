@@ -1,6 +1,7 @@
 //! The OpenAI-compatible HTTP API. A chat request flows
 //! `request` (parse) → `features` → `policy` → `guard` → `targets` → `ledger`.
 
+mod admin;
 pub mod error;
 pub mod openai;
 pub mod request;
@@ -11,6 +12,7 @@ use crate::features::{self, sensitivity_name};
 use crate::guard::{self, NodeView, Placement, Refusal};
 use crate::ledger::Entry;
 use crate::node::Node;
+use crate::policy::PolicyVersion;
 use crate::targets::cloud::Taint;
 use crate::targets::{Job, TargetFailure, TargetResult};
 use axum::body::{Body, Bytes};
@@ -31,6 +33,8 @@ use tokio::task::JoinHandle;
 
 pub const TARGET_HEADER: &str = "x-edgeroute-target";
 pub const REASON_HEADER: &str = "x-edgeroute-reason";
+/// The id (content hash) of the policy version that routed the request.
+pub const POLICY_HEADER: &str = "x-edgeroute-policy";
 
 pub fn router(node: Arc<Node>) -> Router {
     Router::new()
@@ -38,6 +42,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/models", get(models))
         .route("/healthz", get(healthz))
         .route("/ledger", get(ledger))
+        .merge(admin::routes())
         .fallback(|| async {
             ApiError::new(
                 StatusCode::NOT_FOUND,
@@ -67,8 +72,9 @@ async fn healthz(State(node): State<Arc<Node>>) -> Json<serde_json::Value> {
     Json(json!({
         "status": "ok",
         "uptime_s": node.started.elapsed().as_secs(),
-        "policy": node.policy.origin,
-        "policy_failures": node.policy.failures.load(Ordering::Relaxed),
+        "policy": node.policy.current().id,
+        "policy_source": node.policy.current().source,
+        "policy_failures": node.policy.failures(),
         "local_models": node.local.model_names(),
         "local_queue_depth": node.local.queue_depth(),
         "cloud_upstreams": node.cloud.upstream_names(),
@@ -146,6 +152,8 @@ async fn chat(State(node): State<Arc<Node>>, headers: HeaderMap, body: Body) -> 
 /// account for it once it ends.
 struct Routed {
     node: Arc<Node>,
+    /// The policy version that decided; it also receives `observe`.
+    policy: Arc<PolicyVersion>,
     request: Prepared,
     features: Features,
     started: Instant,
@@ -163,7 +171,8 @@ async fn serve_chat(node: Arc<Node>, headers: HeaderMap, body: Body) -> Result<R
         &node.local,
         &node.cloud,
     )?;
-    let decision = node.policy.route(&features).await;
+    let (policy, decision) = node.policy.route(&features).await;
+    node.policy.shadow.compare(&features, &decision);
     let local_models = node.local.model_names();
     let upstreams = node.cloud.upstream_names();
     let placement = guard::place(
@@ -176,13 +185,22 @@ async fn serve_chat(node: Arc<Node>, headers: HeaderMap, body: Body) -> Result<R
             on_policy_failure: node.config.policy.on_failure,
         },
     );
+    let policy_id = HeaderValue::from_str(&policy.id).ok();
     let routed = Routed {
         node,
+        policy,
         request,
         features,
         started,
     };
-    routed.dispatch(placement).await
+    let mut response = routed
+        .dispatch(placement)
+        .await
+        .unwrap_or_else(IntoResponse::into_response);
+    if let Some(id) = policy_id {
+        response.headers_mut().insert(POLICY_HEADER, id);
+    }
+    Ok(response)
 }
 
 /// `model` may name a configured local model, an upstream, or `auto`;
@@ -595,6 +613,6 @@ impl Routed {
             completion_tokens,
             cost_micro_usd: (cost_usd * 1e6) as u64,
         };
-        self.node.policy.observe(&outcome).await;
+        self.node.policy.observe(&self.policy, &outcome).await;
     }
 }

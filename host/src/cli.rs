@@ -1,0 +1,155 @@
+//! `edgeroute policy …`: check a component offline with the code a node
+//! runs at swap time, or manage the policy of a running node over its
+//! admin API.
+
+use crate::config::Config;
+use crate::conformance::{self, Targets};
+use crate::policy;
+use anyhow::{Context, bail};
+use clap::Subcommand;
+use std::path::PathBuf;
+
+#[derive(Subcommand)]
+pub enum PolicyCommand {
+    /// Validate a policy component: world, imports, probe and the
+    /// conformance suite (exit status 1 when anything fails).
+    Check {
+        file: PathBuf,
+        /// Node configuration (policy parameters, deadline, targets).
+        #[arg(long, default_value = "runtime-config/edgeroute.toml")]
+        config: PathBuf,
+        /// Also require the reference policy's decisions (for ports of it).
+        #[arg(long)]
+        reference: bool,
+        /// Random requests to try.
+        #[arg(long, default_value_t = 500)]
+        cases: u32,
+    },
+    /// Swap a running node's policy (PUT /admin/policy).
+    Swap {
+        file: PathBuf,
+        #[command(flatten)]
+        node: NodeClient,
+    },
+    /// Go back to the previous policy (POST /admin/policy/rollback).
+    Rollback {
+        #[command(flatten)]
+        node: NodeClient,
+    },
+    /// Show the active and previous policy versions (GET /admin/policy).
+    Show {
+        #[command(flatten)]
+        node: NodeClient,
+    },
+}
+
+#[derive(clap::Args)]
+pub struct NodeClient {
+    /// The node's base URL.
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    node: String,
+    /// Admin bearer token.
+    #[arg(long, env = "EDGEROUTE_ADMIN_TOKEN", hide_env_values = true)]
+    token: String,
+}
+
+impl NodeClient {
+    fn send(&self, method: &str, path: &str, body: Option<Vec<u8>>) -> anyhow::Result<()> {
+        let url = format!("{}{path}", self.node.trim_end_matches('/'));
+        let agent = ureq::Agent::new_with_config(
+            ureq::config::Config::builder()
+                .http_status_as_error(false)
+                .build(),
+        );
+        let auth = format!("Bearer {}", self.token);
+        let response = match (method, body) {
+            ("PUT", Some(body)) => agent
+                .put(&url)
+                .header("authorization", &auth)
+                .send(&body[..]),
+            ("POST", _) => agent.post(&url).header("authorization", &auth).send_empty(),
+            _ => agent.get(&url).header("authorization", &auth).call(),
+        }
+        .with_context(|| format!("cannot reach the node at {url}"))?;
+        let status = response.status();
+        let text = response.into_body().read_to_string()?;
+        let pretty = serde_json::from_str::<serde_json::Value>(&text)
+            .map(|v| serde_json::to_string_pretty(&v).unwrap_or(text.clone()))
+            .unwrap_or(text);
+        println!("{pretty}");
+        if !status.is_success() {
+            bail!("the node answered {status}");
+        }
+        Ok(())
+    }
+}
+
+pub async fn policy(command: PolicyCommand) -> anyhow::Result<()> {
+    match command {
+        PolicyCommand::Check {
+            file,
+            config,
+            reference,
+            cases,
+        } => check(file, config, reference, cases).await,
+        PolicyCommand::Swap { file, node } => {
+            let bytes =
+                std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
+            tokio::task::spawn_blocking(move || node.send("PUT", "/admin/policy", Some(bytes)))
+                .await?
+        }
+        PolicyCommand::Rollback { node } => {
+            tokio::task::spawn_blocking(move || node.send("POST", "/admin/policy/rollback", None))
+                .await?
+        }
+        PolicyCommand::Show { node } => {
+            tokio::task::spawn_blocking(move || node.send("GET", "/admin/policy", None)).await?
+        }
+    }
+}
+
+async fn check(file: PathBuf, config: PathBuf, reference: bool, cases: u32) -> anyhow::Result<()> {
+    let config = Config::load(&config)?;
+    let bytes = std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
+    let engine = crate::runtime::engine()?;
+    println!("checking {} ({} bytes)", file.display(), bytes.len());
+    let version =
+        policy::load_for_check(&engine, bytes, file.display().to_string(), &config.policy).await?;
+    println!(
+        "  ok   compiles, imports only what a policy may, implements the policy world, passes the probe ({:.1} ms)",
+        version.load_ms
+    );
+    println!("  ok   stateful (snapshot/restore): {}", version.stateful);
+    let targets = Targets {
+        local: config.local.models.iter().map(|m| m.name.clone()).collect(),
+        cloud: config
+            .cloud
+            .upstreams
+            .iter()
+            .map(|u| u.name.clone())
+            .collect(),
+    };
+    let findings = conformance::check(&version, &targets, reference, cases).await;
+    let mut failed = 0;
+    for finding in &findings {
+        match &finding.failure {
+            None => println!("  ok   {}", finding.check),
+            Some(why) => {
+                failed += 1;
+                println!("  FAIL {}: {why}", finding.check);
+            }
+        }
+    }
+    println!(
+        "memory per instance: {} KiB",
+        version
+            .memory_bytes
+            .load(std::sync::atomic::Ordering::Relaxed)
+            / 1024
+    );
+    if failed > 0 {
+        bail!("{failed} of {} checks failed", findings.len());
+    }
+    println!("{} passed, 0 failed", findings.len() + 2);
+    Ok(())
+}

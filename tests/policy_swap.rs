@@ -1,0 +1,478 @@
+//! Hot-swapping routing policies on a running node: under load, with
+//! broken candidates, with state carried across swaps and restarts, in
+//! shadow, through the watched file, and behind the admin token.
+
+mod support;
+
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use support::{FakeCloud, Node, NodeBuilder, unique};
+
+const TOKEN: &str = "test-admin-token";
+
+fn component(name: &str) -> PathBuf {
+    Path::new(env!("EDGEROUTE_COMPONENTS_DIR")).join(name)
+}
+
+fn bytes(name: &str) -> Vec<u8> {
+    std::fs::read(component(name)).expect("fixture component exists")
+}
+
+fn with_admin(builder: NodeBuilder) -> NodeBuilder {
+    builder.env("EDGEROUTE_ADMIN_TOKEN", TOKEN)
+}
+
+/// One admin call; returns the status and the JSON body.
+fn admin(
+    node: &Node,
+    method: &str,
+    path: &str,
+    body: Option<&[u8]>,
+    token: Option<&str>,
+) -> (u16, Value) {
+    let agent = ureq::Agent::new_with_config(
+        ureq::config::Config::builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(120)))
+            .build(),
+    );
+    let url = format!("{}{path}", node.url());
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let response = match method {
+        "PUT" => {
+            let mut r = agent.put(&url);
+            if let Some(a) = &auth {
+                r = r.header("authorization", a);
+            }
+            r.send(body.unwrap_or_default())
+        }
+        "POST" => {
+            let mut r = agent.post(&url);
+            if let Some(a) = &auth {
+                r = r.header("authorization", a);
+            }
+            r.send_empty()
+        }
+        "DELETE" => {
+            let mut r = agent.delete(&url);
+            if let Some(a) = &auth {
+                r = r.header("authorization", a);
+            }
+            r.call()
+        }
+        _ => {
+            let mut r = agent.get(&url);
+            if let Some(a) = &auth {
+                r = r.header("authorization", a);
+            }
+            r.call()
+        }
+    }
+    .unwrap_or_else(|e| panic!("{method} {path}: {e}\n{}", node.logs()));
+    let status = response.status().as_u16();
+    let text = response.into_body().read_to_string().unwrap_or_default();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+fn active_id(node: &Node) -> String {
+    let (status, body) = admin(node, "GET", "/admin/policy", None, Some(TOKEN));
+    assert_eq!(status, 200, "{body}");
+    body["active"]["id"]
+        .as_str()
+        .expect("active id")
+        .to_string()
+}
+
+fn swap(node: &Node, component: &[u8]) -> (u16, Value) {
+    admin(node, "PUT", "/admin/policy", Some(component), Some(TOKEN))
+}
+
+/// More than the test config's 64-token threshold: the default policy
+/// sends it to the cloud, so the storm does not wait on local inference.
+fn long_prompt(tag: &str) -> Value {
+    let text = format!(
+        "Ticket {tag}. Summarize in one sentence: {}",
+        "the delivery arrived late, the box was damaged and the invoice listed the wrong items. "
+            .repeat(6)
+    );
+    json!({ "model": "auto", "messages": [{ "role": "user", "content": text }], "max_tokens": 8 })
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+#[test]
+fn swap_storm_under_load_loses_no_request() {
+    let cloud = FakeCloud::start();
+    let node = with_admin(Node::builder(&cloud).policy_component(component("policy_default.wasm")))
+        .start();
+    let (default_bytes, cloud_bytes) = (
+        bytes("policy_default.wasm"),
+        bytes("policy_always_cloud.wasm"),
+    );
+    let id_default = active_id(&node);
+    let (status, body) = swap(&node, &cloud_bytes);
+    assert_eq!(status, 200, "{body}");
+    let id_cloud = body["active"]["id"].as_str().unwrap().to_string();
+    assert_ne!(id_default, id_cloud);
+
+    // Each response must name the version that decided it, and carry that
+    // version's reason.
+    let check = |resp: &support::Resp| {
+        assert_eq!(resp.status, 200, "{resp:?}");
+        let id = resp
+            .header("x-edgeroute-policy")
+            .unwrap_or_default()
+            .to_string();
+        let reason = resp.reason().unwrap_or_default().to_string();
+        if id == id_default {
+            assert!(
+                reason.starts_with("long prompt ("),
+                "default policy, reason {reason}"
+            );
+        } else {
+            assert_eq!(id, id_cloud, "unknown policy version in {resp:?}");
+            assert_eq!(reason, "fixture: always cloud");
+        }
+        id
+    };
+
+    // Baseline latency in the same run, no swaps.
+    let mut baseline = Vec::new();
+    for i in 0..200 {
+        let t = Instant::now();
+        check(&node.post_chat(long_prompt(&format!("base-{i}")), &[]));
+        baseline.push(t.elapsed());
+    }
+
+    let swapping = AtomicBool::new(true);
+    let (latencies, seen, swap_times) = std::thread::scope(|s| {
+        let clients: Vec<_> = (0..4)
+            .map(|c| {
+                let (node, swapping, check) = (&node, &swapping, &check);
+                s.spawn(move || {
+                    let mut latencies = Vec::new();
+                    let mut seen = std::collections::BTreeSet::new();
+                    let started = Instant::now();
+                    // Keep the load on until the swaps are done; bounded in count and time.
+                    for i in 0..5_000 {
+                        if (!swapping.load(Ordering::Relaxed) && i >= 250)
+                            || started.elapsed() > Duration::from_secs(240)
+                        {
+                            break;
+                        }
+                        let t = Instant::now();
+                        let resp = node.post_chat(long_prompt(&format!("storm-{c}-{i}")), &[]);
+                        latencies.push(t.elapsed());
+                        seen.insert(check(&resp));
+                    }
+                    (latencies, seen)
+                })
+            })
+            .collect();
+        let mut swap_times = Vec::new();
+        for i in 0..100 {
+            let next = if i % 2 == 0 {
+                &default_bytes
+            } else {
+                &cloud_bytes
+            };
+            let t = Instant::now();
+            let (status, body) = swap(&node, next);
+            swap_times.push(t.elapsed());
+            assert_eq!(status, 200, "swap {i}: {body}");
+        }
+        swapping.store(false, Ordering::Relaxed);
+        let mut latencies = Vec::new();
+        let mut seen = std::collections::BTreeSet::new();
+        for client in clients {
+            let (l, s) = client.join().expect("client thread");
+            latencies.extend(l);
+            seen.extend(s);
+        }
+        (latencies, seen, swap_times)
+    });
+    assert!(
+        latencies.len() >= 1000,
+        "only {} requests during the storm",
+        latencies.len()
+    );
+    assert_eq!(
+        seen.len(),
+        2,
+        "both versions should have answered during the storm: {seen:?}"
+    );
+    // 100 swaps from the cloud fixture, ending on it: the active one is known.
+    assert_eq!(active_id(&node), id_cloud);
+
+    let (mut baseline, mut storm, mut swaps) = (baseline, latencies, swap_times);
+    baseline.sort();
+    storm.sort();
+    swaps.sort();
+    // Reported, not asserted: timing belongs to measurement, not to pass/fail.
+    eprintln!(
+        "swap storm: {} requests, 0 failed; latency p50/p99 without swaps {:?}/{:?}, during 100 swaps {:?}/{:?}; swap (compile+probe+switch) p50 {:?} p99 {:?}",
+        storm.len(),
+        percentile(&baseline, 0.5),
+        percentile(&baseline, 0.99),
+        percentile(&storm, 0.5),
+        percentile(&storm, 0.99),
+        percentile(&swaps, 0.5),
+        percentile(&swaps, 0.99),
+    );
+}
+
+#[test]
+fn broken_candidates_are_refused_and_the_old_policy_keeps_answering() {
+    let cloud = FakeCloud::start();
+    let node = with_admin(Node::builder(&cloud)).start();
+    let before = active_id(&node);
+    let default_bytes = bytes("policy_default.wasm");
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "wrong world",
+            bytes("policy_wrong_world.wasm"),
+            "policy world",
+        ),
+        (
+            "imports wasi:http",
+            bytes("cloud_fetch.wasm"),
+            "may not import",
+        ),
+        (
+            "truncated file",
+            default_bytes[..default_bytes.len() / 2].to_vec(),
+            "not a valid WebAssembly component",
+        ),
+        ("traps on its first call", bytes("policy_trap.wasm"), "trap"),
+        ("loops forever", bytes("policy_loop.wasm"), "timed out"),
+        (
+            "not wasm at all",
+            b"hello".to_vec(),
+            "not a valid WebAssembly component",
+        ),
+    ];
+    for (what, component, expect) in cases {
+        let (status, body) = swap(&node, &component);
+        assert_eq!(status, 422, "{what}: {body}");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains(expect),
+            "{what}: expected '{expect}' in: {message}"
+        );
+        assert_eq!(
+            active_id(&node),
+            before,
+            "{what} must not replace the active policy"
+        );
+        let resp = node.post_chat(long_prompt(&unique("after-refusal")), &[]);
+        assert_eq!(resp.status, 200, "{what}: {resp:?}");
+        assert_eq!(resp.header("x-edgeroute-policy"), Some(before.as_str()));
+        assert!(
+            resp.reason()
+                .unwrap_or_default()
+                .starts_with("long prompt ("),
+            "{resp:?}"
+        );
+    }
+}
+
+fn counter_call(resp: &support::Resp) -> u64 {
+    assert_eq!(resp.status, 200, "{resp:?}");
+    let reason = resp.reason().unwrap_or_default();
+    reason
+        .strip_prefix("counter: call ")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("not a counter reason: {reason}"))
+}
+
+#[test]
+fn policy_state_survives_a_swap_and_a_restart() {
+    let cloud = FakeCloud::start();
+    let state_dir = std::env::temp_dir().join(unique("edgeroute-state"));
+    let start = || {
+        with_admin(Node::builder(&cloud).policy_component(component("policy_counter.wasm")))
+            .arg("--state-dir")
+            .arg(state_dir.display().to_string())
+            .start()
+    };
+    let node = start();
+    let calls: Vec<u64> = (0..3)
+        .map(|i| counter_call(&node.post_chat(long_prompt(&format!("c{i}")), &[])))
+        .collect();
+    assert_eq!(calls, [1, 2, 3]);
+
+    // The new instance was probed (which counts) and then given the old state.
+    let (status, body) = swap(&node, &bytes("policy_counter.wasm"));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["active"]["stateful"], true);
+    assert_eq!(
+        counter_call(&node.post_chat(long_prompt("after-swap"), &[])),
+        4
+    );
+
+    // A stateless version in between keeps nothing, and the rollback goes
+    // back to the counter instance as it was.
+    let (status, body) = swap(&node, &bytes("policy_always_cloud.wasm"));
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = admin(&node, "POST", "/admin/policy/rollback", None, Some(TOKEN));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        counter_call(&node.post_chat(long_prompt("after-rollback"), &[])),
+        5
+    );
+
+    // The node persists state at least once a second; then restart it.
+    std::thread::sleep(Duration::from_millis(2500));
+    drop(node);
+    let node = start();
+    assert_eq!(
+        counter_call(&node.post_chat(long_prompt("after-restart"), &[])),
+        6
+    );
+    drop(node);
+    let _ = std::fs::remove_dir_all(&state_dir);
+}
+
+#[test]
+fn admin_endpoints_need_the_token_and_are_off_without_one() {
+    let cloud = FakeCloud::start();
+    let node = with_admin(Node::builder(&cloud)).start();
+    let component = bytes("policy_always_cloud.wasm");
+    for token in [None, Some("wrong-token")] {
+        for (method, path) in [
+            ("GET", "/admin/policy"),
+            ("PUT", "/admin/policy"),
+            ("POST", "/admin/policy/rollback"),
+            ("GET", "/admin/shadow"),
+        ] {
+            let (status, body) = admin(&node, method, path, Some(&component), token);
+            assert_eq!(status, 401, "{method} {path} with {token:?}: {body}");
+            assert_eq!(body["error"]["code"], "invalid_admin_token");
+        }
+    }
+    let before = active_id(&node);
+    assert_eq!(before.len(), 12);
+
+    let off = Node::builder(&cloud).start();
+    let (status, body) = admin(&off, "PUT", "/admin/policy", Some(&component), Some(TOKEN));
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["error"]["code"], "admin_disabled");
+    let resp = off.post_chat(long_prompt("still-default"), &[]);
+    assert!(
+        resp.reason()
+            .unwrap_or_default()
+            .starts_with("long prompt ("),
+        "{resp:?}"
+    );
+}
+
+#[test]
+fn replacing_the_policy_file_swaps_it_in() {
+    let cloud = FakeCloud::start();
+    let file = std::env::temp_dir().join(format!("{}.wasm", unique("watched-policy")));
+    std::fs::copy(component("policy_default.wasm"), &file).unwrap();
+    let node = Node::builder(&cloud).policy_component(&file).start();
+    let resp = node.post_chat(long_prompt("before"), &[]);
+    assert!(
+        resp.reason()
+            .unwrap_or_default()
+            .starts_with("long prompt ("),
+        "{resp:?}"
+    );
+
+    // Write the new version beside it and rename over, as deploy tools do.
+    let staged = file.with_extension("staged");
+    std::fs::copy(component("policy_always_cloud.wasm"), &staged).unwrap();
+    std::fs::rename(&staged, &file).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let resp = node.post_chat(long_prompt("after"), &[]);
+        assert_eq!(resp.status, 200, "{resp:?}");
+        if resp.reason() == Some("fixture: always cloud") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the new policy file was not picked up\n{}",
+            node.logs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // A broken file is refused; the last good version keeps answering.
+    std::fs::write(&staged, b"not a component").unwrap();
+    std::fs::rename(&staged, &file).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let resp = node.post_chat(long_prompt("after-broken"), &[]);
+    assert_eq!(resp.reason(), Some("fixture: always cloud"), "{resp:?}");
+    assert!(node.logs().contains("refused"), "{}", node.logs());
+    let _ = std::fs::remove_file(&file);
+}
+
+#[test]
+fn shadow_candidate_is_recorded_never_acted_on() {
+    let cloud = FakeCloud::start();
+    let node = with_admin(Node::builder(&cloud)).start();
+    let (status, body) = admin(
+        &node,
+        "PUT",
+        "/admin/shadow",
+        Some(&bytes("policy_always_cloud.wasm")),
+        Some(TOKEN),
+    );
+    assert_eq!(status, 200, "{body}");
+
+    // Live default policy: long → cloud (agrees with the candidate),
+    // restricted → local (the candidate would have said cloud).
+    let canary = unique("shadow-restricted");
+    let long = node.post_chat(long_prompt("shadow-long"), &[]);
+    assert!(
+        long.target().is_some_and(|t| t.starts_with("cloud:")),
+        "{long:?}"
+    );
+    let restricted = node.post_chat(
+        json!({ "model": "auto", "messages": [{ "role": "user", "content": format!("Say hi. {canary}") }], "max_tokens": 4 }),
+        &[("x-edgeroute-sensitivity", "restricted")],
+    );
+    assert_eq!(restricted.target(), Some("local:smollm2"), "{restricted:?}");
+    assert!(
+        cloud.requests_mentioning(&canary).is_empty(),
+        "the shadow must never act"
+    );
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let summary = loop {
+        let (status, summary) = admin(&node, "GET", "/admin/shadow", None, Some(TOKEN));
+        assert_eq!(status, 200);
+        if summary["compared"] == 2 || Instant::now() > deadline {
+            break summary;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(summary["compared"], 2, "{summary}");
+    assert_eq!(summary["agreed"], 1, "{summary}");
+    assert_eq!(
+        summary["by_sensitivity"]["restricted"]["agreed"], 0,
+        "{summary}"
+    );
+    assert_eq!(
+        summary["differences"][0]["live"], "local:smollm2",
+        "{summary}"
+    );
+    assert_eq!(
+        summary["differences"][0]["candidate"], "cloud:frontier",
+        "{summary}"
+    );
+
+    let (status, _) = admin(&node, "DELETE", "/admin/shadow", None, Some(TOKEN));
+    assert_eq!(status, 200);
+    let (_, summary) = admin(&node, "GET", "/admin/shadow", None, Some(TOKEN));
+    assert!(summary["candidate"].is_null(), "{summary}");
+}

@@ -17,7 +17,8 @@ pub struct Targets {
     pub cloud: Vec<String>,
 }
 
-fn features(
+/// Features with everything but the deciding fields at neutral values.
+pub(crate) fn features(
     prompt_tokens: u32,
     sensitivity: Sensitivity,
     may_leave: bool,

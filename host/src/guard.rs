@@ -132,21 +132,7 @@ mod tests {
     use crate::bindings::policy::Sensitivity;
 
     fn features(sensitivity: Sensitivity, may_leave: bool) -> Features {
-        Features {
-            request_id: "r".into(),
-            requested_model: "auto".into(),
-            prompt_tokens: 10,
-            max_tokens: 16,
-            sensitivity,
-            pii_detected: false,
-            may_leave,
-            task: String::new(),
-            latency_budget_ms: None,
-            stream: false,
-            local_queue_depth: 0,
-            local_models: vec![],
-            cloud_upstreams: vec![],
-        }
+        crate::conformance::features(10, sensitivity, may_leave, &[], &[])
     }
 
     fn cloud(name: &str) -> Result<Decision, PolicyFailure> {

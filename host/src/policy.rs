@@ -49,6 +49,15 @@ impl Settings {
     }
 }
 
+/// Whether a failed probe refuses the component.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Probe {
+    /// Swaps, shadows and `policy check`: the active version stays.
+    Required,
+    /// The node's first policy: nothing to keep instead.
+    WarnOnly,
+}
+
 type SnapshotFn = TypedFunc<(), (Vec<u8>,)>;
 type RestoreFn = TypedFunc<(Vec<u8>,), (Result<(), String>,)>;
 
@@ -102,6 +111,7 @@ impl PolicyVersion {
         bytes: Vec<u8>,
         source: String,
         settings: Settings,
+        probe: Probe,
     ) -> anyhow::Result<Arc<Self>> {
         let started = Instant::now();
         let id = content_id(&bytes);
@@ -144,9 +154,15 @@ impl PolicyVersion {
             .with_context(|| format!("policy {} failed to start", version.source))?;
         version.stateful = live.snapshot.is_some() && live.restore.is_some();
         *version.live.get_mut() = Some(live);
-        conformance::probe(&version)
-            .await
-            .with_context(|| format!("policy {} failed the probe", version.source))?;
+        if let Err(why) = conformance::probe(&version).await {
+            let why = why.context(format!("policy {} failed the probe", version.source));
+            if probe == Probe::Required {
+                return Err(why);
+            }
+            // At start there is no earlier version to keep: serve, and let
+            // the guard's safe default answer whenever this policy fails.
+            tracing::warn!("{why:#}; it stays active and its failures get the safe default");
+        }
         // The probe's calls must not become the policy's history (a bandit
         // would learn from them): serve from a fresh instance.
         let fresh = version.instantiate().await.map_err(anyhow::Error::from)?;
@@ -302,7 +318,14 @@ pub async fn load_for_check(
     source: String,
     config: &PolicyConfig,
 ) -> anyhow::Result<Arc<PolicyVersion>> {
-    PolicyVersion::load(engine, bytes, source, Settings::from_config(config)).await
+    PolicyVersion::load(
+        engine,
+        bytes,
+        source,
+        Settings::from_config(config),
+        Probe::Required,
+    )
+    .await
 }
 
 /// How many replaced versions are kept for rollback.
@@ -339,7 +362,8 @@ impl PolicyHost {
                 "embedded:default".to_string(),
             ),
         };
-        let version = PolicyVersion::load(engine, bytes, source, settings.clone()).await?;
+        let version =
+            PolicyVersion::load(engine, bytes, source, settings.clone(), Probe::WarnOnly).await?;
         if let Some(dir) = &state_dir {
             std::fs::create_dir_all(dir)
                 .with_context(|| format!("cannot create state directory {}", dir.display()))?;
@@ -378,7 +402,14 @@ impl PolicyHost {
         bytes: Vec<u8>,
         source: String,
     ) -> anyhow::Result<Arc<PolicyVersion>> {
-        PolicyVersion::load(&self.engine, bytes, source, self.settings.clone()).await
+        PolicyVersion::load(
+            &self.engine,
+            bytes,
+            source,
+            self.settings.clone(),
+            Probe::Required,
+        )
+        .await
     }
 
     /// Ask the active policy; the version is returned so the request can

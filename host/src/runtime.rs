@@ -21,6 +21,17 @@ pub fn engine() -> anyhow::Result<Engine> {
     let mut config = Config::new();
     config.wasm_component_model(true);
     config.epoch_interruption(true);
+    // Interpreter-based policies (Python, JavaScript) take seconds to
+    // compile; the on-disk cache makes every later load of the same bytes
+    // (a restart, a rollback, a re-swap) take milliseconds.
+    match wasmtime::Cache::new(wasmtime::CacheConfig::new()) {
+        Ok(cache) => {
+            config.cache(Some(cache));
+        }
+        Err(error) => {
+            tracing::warn!(%error, "compiled-code cache unavailable; components compile on every load")
+        }
+    }
     let engine = Engine::new(&config)?;
     let weak = engine.weak();
     std::thread::Builder::new()

@@ -92,3 +92,84 @@ pub fn upstream_authority(base_url: &str) -> anyhow::Result<String> {
         .map_err(|e| anyhow::anyhow!("invalid upstream URL '{base_url}': {e}"))?;
     host_port(&uri).ok_or_else(|| anyhow::anyhow!("upstream URL '{base_url}' has no host"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Bytes;
+    use http_body_util::{BodyExt, Empty};
+
+    fn request(url: &str) -> http::Request<WasiBody> {
+        let body = Empty::<Bytes>::new()
+            .map_err(|never| match never {})
+            .boxed_unsync();
+        http::Request::post(url).body(body).unwrap()
+    }
+
+    fn hooks(may_leave: bool) -> EgressHooks {
+        EgressHooks {
+            allowed_hosts: Arc::new(HashSet::from(["127.0.0.1:9".to_string()])),
+            may_leave,
+            request_id: "t".into(),
+            audit: Arc::default(),
+        }
+    }
+
+    async fn send(hooks: &mut EgressHooks, url: &str) -> Result<(), HttpError> {
+        let fut = hooks.send_request(request(url), None, Box::new(async { Ok(()) }));
+        Box::into_pin(fut).await.map(|_| ())
+    }
+
+    #[tokio::test]
+    async fn a_request_that_may_not_leave_is_refused_even_to_an_allowed_host() {
+        let mut hooks = hooks(false);
+        let result = send(&mut hooks, "http://127.0.0.1:9/v1/chat/completions").await;
+        assert!(
+            matches!(result, Err(HttpError::HttpRequestDenied)),
+            "{result:?}"
+        );
+        assert_eq!(hooks.audit.refused_sensitive.load(Ordering::Relaxed), 1);
+        assert_eq!(hooks.audit.allowed.load(Ordering::Relaxed), 0);
+    }
+
+    #[tokio::test]
+    async fn only_configured_upstream_hosts_are_reachable() {
+        let mut hooks = hooks(true);
+        for url in [
+            "http://127.0.0.2:9/v1",
+            "http://127.0.0.1:10/v1",
+            "https://example.invalid/v1",
+        ] {
+            let result = send(&mut hooks, url).await;
+            assert!(
+                matches!(result, Err(HttpError::HttpRequestDenied)),
+                "{url}: {result:?}"
+            );
+        }
+        assert_eq!(hooks.audit.refused_host.load(Ordering::Relaxed), 3);
+        // The allowed host gets through the guard (port 9 refuses the
+        // connection: the error comes from connecting, not from the guard).
+        let result = send(&mut hooks, "http://127.0.0.1:9/v1").await;
+        assert!(
+            !matches!(result, Err(HttpError::HttpRequestDenied)),
+            "{result:?}"
+        );
+        assert_eq!(hooks.audit.allowed.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn default_ports_compare_equal() {
+        assert_eq!(
+            upstream_authority("https://API.example.com/v1").unwrap(),
+            "api.example.com:443"
+        );
+        assert_eq!(
+            upstream_authority("http://127.0.0.1/v1").unwrap(),
+            "127.0.0.1:80"
+        );
+        assert_eq!(
+            upstream_authority("http://127.0.0.1:8000/v1").unwrap(),
+            "127.0.0.1:8000"
+        );
+    }
+}

@@ -239,6 +239,59 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
         percentile(&calls, 0.99).as_secs_f64() * 1e6
     );
 
+    // Swapping: the time to take a new version live, and what swaps in
+    // the background do to the route latency measured above.
+    let bytes = crate::components::POLICY_DEFAULT.to_vec();
+    let mut swaps = Vec::new();
+    for _ in 0..20 {
+        let t = Instant::now();
+        node.policy.swap(bytes.clone(), "bench".into()).await?;
+        swaps.push(t.elapsed());
+    }
+    swaps.sort();
+    println!(
+        "policy swap (compile + check + probe + switch, 20 swaps, compiled-code cache warm after the first): p50 {:.2} ms, p99 {:.2} ms",
+        percentile(&swaps, 0.5).as_secs_f64() * 1e3,
+        percentile(&swaps, 0.99).as_secs_f64() * 1e3
+    );
+    let storm = {
+        let node = node.clone();
+        let bytes = bytes.clone();
+        tokio::spawn(async move {
+            loop {
+                if node
+                    .policy
+                    .swap(bytes.clone(), "bench".into())
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+    let mut during = Vec::with_capacity(options.policy_calls as usize);
+    for _ in 0..options.policy_calls {
+        let t = Instant::now();
+        let _ = std::hint::black_box(node.policy.route(&features).await);
+        during.push(t.elapsed());
+    }
+    storm.abort();
+    during.sort();
+    println!(
+        "policy.route during continuous swaps: p50 {:.1} µs, p99 {:.1} µs (ratio to no swaps: p50 {:.2}, p99 {:.2}); memory per instance {} KiB",
+        percentile(&during, 0.5).as_secs_f64() * 1e6,
+        percentile(&during, 0.99).as_secs_f64() * 1e6,
+        percentile(&during, 0.5).as_secs_f64() / percentile(&calls, 0.5).as_secs_f64(),
+        percentile(&during, 0.99).as_secs_f64() / percentile(&calls, 0.99).as_secs_f64(),
+        node.policy
+            .current()
+            .memory_bytes
+            .load(std::sync::atomic::Ordering::Relaxed)
+            / 1024
+    );
+
     // Everything the host does before a target runs: parse, features
     // (tokenizing the prompt with the local model), policy, guard.
     let local_models = node.local.model_names();

@@ -47,7 +47,18 @@ impl Settings {
     fn deadline_ticks(&self) -> u64 {
         (self.deadline_ms * 1000).div_ceil(EPOCH_TICK.as_micros() as u64)
     }
+
+    /// Instantiation and `configure` run once per instance and, for an
+    /// interpreter-based policy, take milliseconds on a busy machine: they
+    /// get their own, larger budget than a `route` call.
+    fn start_ticks(&self) -> u64 {
+        let start_ms = self.deadline_ms.max(START_DEADLINE_MS);
+        (start_ms * 1000).div_ceil(EPOCH_TICK.as_micros() as u64)
+    }
 }
+
+/// Budget for instantiating a policy and running its `configure`.
+const START_DEADLINE_MS: u64 = 2_000;
 
 /// Whether a failed probe refuses the component.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -183,7 +194,7 @@ impl PolicyVersion {
         );
         store.limiter(|s| &mut s.limits);
         store.epoch_deadline_trap();
-        store.set_epoch_deadline(self.settings.deadline_ticks());
+        store.set_epoch_deadline(self.settings.start_ticks());
         let instance: Instance = self
             .pre
             .instance_pre()
@@ -196,7 +207,7 @@ impl PolicyVersion {
         let restore = instance
             .get_typed_func::<(Vec<u8>,), (Result<(), String>,)>(&mut store, "restore")
             .ok();
-        store.set_epoch_deadline(self.settings.deadline_ticks());
+        store.set_epoch_deadline(self.settings.start_ticks());
         policy
             .call_configure(&mut store, &self.settings.params)
             .await?

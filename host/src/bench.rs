@@ -241,7 +241,11 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
 
     // Swapping: the time to take a new version live, and what swaps in
     // the background do to the route latency measured above.
-    let bytes = crate::components::POLICY_DEFAULT.to_vec();
+    // Swap the policy under test with itself, so the numbers are its own.
+    let bytes = match &node.config.policy.component {
+        Some(path) => std::fs::read(path)?,
+        None => crate::components::POLICY_DEFAULT.to_vec(),
+    };
     let mut swaps = Vec::new();
     for _ in 0..20 {
         let t = Instant::now();

@@ -77,14 +77,20 @@ fn load_config(args: &NodeArgs) -> anyhow::Result<Config> {
 
 #[tokio::main]
 async fn main() {
+    let cli = Cli::parse();
+    // A node logs what it does; the other commands print their own report.
+    let default_filter = match cli.command {
+        Command::Up { .. } => "info,wasmtime_wasi_nn=off",
+        _ => "warn,wasmtime_wasi_nn=off",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("EDGEROUTE_LOG")
-                .unwrap_or_else(|_| "info,wasmtime_wasi_nn=off".into()),
+                .unwrap_or_else(|_| default_filter.into()),
         )
         .with_writer(std::io::stderr)
         .init();
-    if let Err(error) = run(Cli::parse()).await {
+    if let Err(error) = run(cli).await {
         eprintln!("edgeroute: {error:#}");
         std::process::exit(1);
     }

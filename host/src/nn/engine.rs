@@ -28,6 +28,9 @@ fn backend() -> &'static LlamaBackend {
     })
 }
 
+/// Prompt tokens decoded per llama.cpp batch during the prefill.
+const PREFILL_CHUNK: u32 = 512;
+
 /// How a generation runs; the node config sets threads and context size.
 #[derive(Debug, Clone, Copy)]
 pub struct RuntimeParams {
@@ -171,9 +174,13 @@ impl Generation {
         let room = n_ctx - tokens.len() as u32;
         let max_tokens = sampling.max_tokens.min(room);
         let threads = model.runtime.threads as i32;
+        // The prefill runs in chunks of PREFILL_CHUNK tokens: llama.cpp sizes
+        // its compute buffers by n_batch, and a context-sized batch made
+        // every context slower to create than the prefill itself.
+        let chunk = n_ctx.min(PREFILL_CHUNK);
         let params = LlamaContextParams::default()
             .with_n_ctx(NonZeroU32::new(n_ctx))
-            .with_n_batch(n_ctx)
+            .with_n_batch(chunk)
             .with_n_threads(threads)
             .with_n_threads_batch(threads);
         let context = model
@@ -185,15 +192,10 @@ impl Generation {
         // borrow never outlives the model.
         let context: LlamaContext<'static> = unsafe { std::mem::transmute(context) };
 
-        let mut batch = LlamaBatch::new(n_ctx as usize, 1);
-        let last = tokens.len() as i32 - 1;
-        for (i, token) in tokens.iter().enumerate() {
-            batch.add(*token, i as i32, &[0], i as i32 == last)?;
-        }
         let mut generation = Self {
             context,
             sampler: sampler_for(&sampling),
-            batch,
+            batch: LlamaBatch::new(chunk as usize, 1),
             position: tokens.len() as i32,
             prompt_tokens: tokens.len() as u32,
             completion_tokens: 0,
@@ -202,10 +204,21 @@ impl Generation {
             finished: None,
             model,
         };
-        generation
-            .context
-            .decode(&mut generation.batch)
-            .context("llama.cpp prefill failed")?;
+        let last = tokens.len() - 1;
+        for (c, piece) in tokens.chunks(chunk as usize).enumerate() {
+            generation.batch.clear();
+            for (j, token) in piece.iter().enumerate() {
+                let position = c * chunk as usize + j;
+                // Only the prompt's last token needs logits: it predicts the first output.
+                generation
+                    .batch
+                    .add(*token, position as i32, &[0], position == last)?;
+            }
+            generation
+                .context
+                .decode(&mut generation.batch)
+                .context("llama.cpp prefill failed")?;
+        }
         if max_tokens == 0 {
             generation.finished = Some(Finish::Length);
         }

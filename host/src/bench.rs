@@ -121,8 +121,23 @@ fn median(mut values: Vec<f64>) -> f64 {
     values[values.len() / 2]
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+/// p50 and p99 of a set of timings, in microseconds.
+struct Spread {
+    p50: f64,
+    p99: f64,
+}
+
+impl Spread {
+    fn of(mut timings: Vec<Duration>) -> Self {
+        timings.sort();
+        let at = |p: f64| {
+            timings[((timings.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1e6
+        };
+        Self {
+            p50: at(0.5),
+            p99: at(0.99),
+        }
+    }
 }
 
 pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
@@ -230,13 +245,13 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
         let _ = std::hint::black_box(node.policy.route(&features).await);
         calls.push(t.elapsed());
     }
-    calls.sort();
+    let calls = Spread::of(calls);
     println!(
         "policy.route ({}, {} calls): p50 {:.1} µs, p99 {:.1} µs",
         node.policy.current().source,
-        calls.len(),
-        percentile(&calls, 0.5).as_secs_f64() * 1e6,
-        percentile(&calls, 0.99).as_secs_f64() * 1e6
+        options.policy_calls,
+        calls.p50,
+        calls.p99
     );
 
     // Swapping: the time to take a new version live, and what swaps in
@@ -252,11 +267,11 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
         node.policy.swap(bytes.clone(), "bench".into()).await?;
         swaps.push(t.elapsed());
     }
-    swaps.sort();
+    let swaps = Spread::of(swaps);
     println!(
         "policy swap (compile + check + probe + switch, 20 swaps, compiled-code cache warm after the first): p50 {:.2} ms, p99 {:.2} ms",
-        percentile(&swaps, 0.5).as_secs_f64() * 1e3,
-        percentile(&swaps, 0.99).as_secs_f64() * 1e3
+        swaps.p50 / 1e3,
+        swaps.p99 / 1e3
     );
     let storm = {
         let node = node.clone();
@@ -282,13 +297,13 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
         during.push(t.elapsed());
     }
     storm.abort();
-    during.sort();
+    let during = Spread::of(during);
     println!(
         "policy.route during continuous swaps: p50 {:.1} µs, p99 {:.1} µs (ratio to no swaps: p50 {:.2}, p99 {:.2}); memory per instance {} KiB",
-        percentile(&during, 0.5).as_secs_f64() * 1e6,
-        percentile(&during, 0.99).as_secs_f64() * 1e6,
-        percentile(&during, 0.5).as_secs_f64() / percentile(&calls, 0.5).as_secs_f64(),
-        percentile(&during, 0.99).as_secs_f64() / percentile(&calls, 0.99).as_secs_f64(),
+        during.p50,
+        during.p99,
+        during.p50 / calls.p50,
+        during.p99 / calls.p99,
         node.policy
             .current()
             .memory_bytes
@@ -323,11 +338,10 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
         std::hint::black_box(guard::place(decision, &features, &view));
         overhead.push(t.elapsed());
     }
-    overhead.sort();
+    let overhead = Spread::of(overhead);
     println!(
         "host overhead before inference (parse + features + policy + guard): p50 {:.1} µs, p99 {:.1} µs",
-        percentile(&overhead, 0.5).as_secs_f64() * 1e6,
-        percentile(&overhead, 0.99).as_secs_f64() * 1e6
+        overhead.p50, overhead.p99
     );
     Ok(())
 }

@@ -1,0 +1,390 @@
+//! The guard: hard rules the policy cannot override. It is the only place
+//! that decides where data may go, and it is asked at every hop: the first
+//! placement ([`place`]) and every fallback after a local failure
+//! ([`after_local_failure`]).
+//!
+//! - A request that may not leave is never placed on a target off the node.
+//! - When local cannot serve such a request, the answer is a refusal, never
+//!   a quiet cloud fallback.
+//! - A policy that failed gets the configured safe default.
+
+use crate::decision::{Choice, Decision, PolicyFailure};
+use crate::refusal::{Refusal, Refused};
+use crate::sensitivity::Sensitivity;
+use crate::target::Target;
+use serde::Deserialize;
+
+/// What to do when the policy gives no usable answer.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum OnPolicyFailure {
+    /// Serve on the first local model (the guard still applies).
+    #[default]
+    Local,
+    /// Refuse the request.
+    Error,
+}
+
+/// The operator's rules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rules {
+    /// Levels that may never leave the node.
+    pub never_leave: Vec<Sensitivity>,
+    pub on_policy_failure: OnPolicyFailure,
+}
+
+impl Default for Rules {
+    fn default() -> Self {
+        Self {
+            never_leave: vec![Sensitivity::Restricted],
+            on_policy_failure: OnPolicyFailure::Local,
+        }
+    }
+}
+
+impl Rules {
+    pub fn may_leave(&self, level: Sensitivity) -> bool {
+        !self.never_leave.contains(&level)
+    }
+}
+
+/// What the guard needs to know about a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Facts {
+    pub sensitivity: Sensitivity,
+    pub may_leave: bool,
+}
+
+/// What the guard needs to know about the node.
+#[derive(Debug, Clone, Copy)]
+pub struct NodeView<'a> {
+    pub local_models: &'a [String],
+    /// Where a request that must stay goes when the policy named no usable
+    /// local model (the first configured model).
+    pub default_local: Option<&'a str>,
+    pub upstreams: &'a [String],
+    pub on_policy_failure: OnPolicyFailure,
+}
+
+/// Where a request goes after the guard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Placement {
+    Run { target: Target, reason: String },
+    Refuse(Refused),
+}
+
+impl Placement {
+    fn refuse(cause: Refusal, reason: impl Into<String>) -> Self {
+        Placement::Refuse(Refused {
+            cause,
+            reason: reason.into(),
+        })
+    }
+}
+
+/// The first placement of a request, from the policy's answer.
+pub fn place(
+    decision: Result<Decision, PolicyFailure>,
+    facts: &Facts,
+    node: &NodeView,
+) -> Placement {
+    let decision = match decision {
+        Ok(decision) => decision,
+        Err(failure) => return safe_default(&failure.to_string(), facts, node),
+    };
+    let reason = decision.reason;
+    let target = match decision.choice {
+        Choice::Reject(message) => {
+            return Placement::refuse(Refusal::PolicyRejected { message }, reason);
+        }
+        Choice::Run(target) => target,
+    };
+    match target {
+        Target::Local(model) => stay_local(Some(model), reason, facts, node),
+        off_node if !facts.may_leave => stay_local(
+            None,
+            format!(
+                "guard: {} data may not leave the node (policy wanted {off_node})",
+                facts.sensitivity
+            ),
+            facts,
+            node,
+        ),
+        Target::Cloud(upstream) if node.upstreams.contains(&upstream) => Placement::Run {
+            target: Target::Cloud(upstream),
+            reason,
+        },
+        unknown => safe_default(
+            &format!("policy named unknown target '{unknown}'"),
+            facts,
+            node,
+        ),
+    }
+}
+
+/// Why a local run could not start; each is a new hop for the guard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LocalFailure {
+    Busy { queue: u32 },
+    Unavailable(String),
+    TooLong { prompt_tokens: u32, context: u32 },
+}
+
+impl std::fmt::Display for LocalFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LocalFailure::Busy { queue } => write!(
+                f,
+                "the local queue is full ({queue} requests waiting or running)"
+            ),
+            LocalFailure::Unavailable(why) => f.write_str(why),
+            LocalFailure::TooLong {
+                prompt_tokens,
+                context,
+            } => write!(
+                f,
+                "the prompt is {prompt_tokens} tokens; the local model's context holds {context}"
+            ),
+        }
+    }
+}
+
+/// Local could not serve: a request that may leave goes to the cloud, one
+/// that may not gets a refusal naming the cause and goes nowhere.
+pub fn after_local_failure(
+    failure: &LocalFailure,
+    reason: &str,
+    facts: &Facts,
+    node: &NodeView,
+) -> Placement {
+    if facts.may_leave {
+        return match node.upstreams.first() {
+            Some(upstream) => Placement::Run {
+                target: Target::Cloud(upstream.clone()),
+                reason: format!("{reason}; local failed ({failure}): cloud fallback"),
+            },
+            None => Placement::refuse(
+                Refusal::NoTarget {
+                    why: failure.to_string(),
+                },
+                format!("{reason}; {failure}"),
+            ),
+        };
+    }
+    let cause = match failure {
+        LocalFailure::Busy { queue } => Refusal::LocalBusy {
+            sensitivity: facts.sensitivity,
+            queue: *queue,
+        },
+        LocalFailure::TooLong {
+            prompt_tokens,
+            context,
+        } => Refusal::PromptTooLong {
+            prompt_tokens: *prompt_tokens,
+            context: *context,
+        },
+        LocalFailure::Unavailable(_) => Refusal::LocalUnavailable {
+            sensitivity: facts.sensitivity,
+        },
+    };
+    Placement::refuse(cause, format!("{reason}; {failure}: fail closed"))
+}
+
+/// The policy gave no usable answer: the configured default, guarded.
+fn safe_default(why: &str, facts: &Facts, node: &NodeView) -> Placement {
+    match node.on_policy_failure {
+        OnPolicyFailure::Local => {
+            stay_local(None, format!("{why}; safe default: local"), facts, node)
+        }
+        OnPolicyFailure::Error => Placement::refuse(
+            Refusal::PolicyFailed {
+                why: why.to_string(),
+            },
+            format!("{why}; safe default: error"),
+        ),
+    }
+}
+
+/// Run locally if the model is there; otherwise fall back to the cloud only
+/// when the request may leave, else fail closed.
+fn stay_local(model: Option<String>, reason: String, facts: &Facts, node: &NodeView) -> Placement {
+    let model = model.filter(|m| node.local_models.contains(m)).or_else(|| {
+        node.default_local
+            .filter(|m| node.local_models.iter().any(|l| l == m))
+            .map(str::to_string)
+    });
+    match model {
+        Some(model) => Placement::Run {
+            target: Target::Local(model),
+            reason,
+        },
+        None => after_local_failure(
+            &LocalFailure::Unavailable("local model unavailable".into()),
+            &reason,
+            facts,
+            node,
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PUBLIC: Facts = Facts {
+        sensitivity: Sensitivity::Public,
+        may_leave: true,
+    };
+    const RESTRICTED: Facts = Facts {
+        sensitivity: Sensitivity::Restricted,
+        may_leave: false,
+    };
+
+    fn names(names: &[&str]) -> Vec<String> {
+        names.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn view<'a>(local: &'a [String], ups: &'a [String], on: OnPolicyFailure) -> NodeView<'a> {
+        NodeView {
+            local_models: local,
+            default_local: Some("smollm2"),
+            upstreams: ups,
+            on_policy_failure: on,
+        }
+    }
+
+    fn cloud(name: &str) -> Result<Decision, PolicyFailure> {
+        Ok(Decision::run(Target::Cloud(name.into()), "policy"))
+    }
+
+    fn is_off_node(placement: &Placement) -> bool {
+        matches!(placement, Placement::Run { target, .. } if target.leaves_node())
+    }
+
+    #[test]
+    fn restricted_never_goes_off_node_even_when_the_policy_says_so() {
+        let (local, ups) = (names(&["smollm2"]), names(&["frontier"]));
+        let node = view(&local, &ups, OnPolicyFailure::Local);
+        for target in [Target::Cloud("frontier".into()), Target::Peer("edge-2".into())] {
+            let placed = place(Ok(Decision::run(target, "p")), &RESTRICTED, &node);
+            assert!(
+                matches!(&placed, Placement::Run { target: Target::Local(m), reason }
+                    if m == "smollm2" && reason.contains("may not leave")),
+                "{placed:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn restricted_without_local_fails_closed_whatever_happened() {
+        let ups = names(&["frontier"]);
+        let node = view(&[], &ups, OnPolicyFailure::Local);
+        for decision in [
+            cloud("frontier"),
+            Ok(Decision::run(Target::Local("smollm2".into()), "p")),
+            Err(PolicyFailure::Timeout(5)),
+            Err(PolicyFailure::Trap("boom".into())),
+        ] {
+            match place(decision, &RESTRICTED, &node) {
+                Placement::Refuse(r) => assert_eq!(r.cause.code(), "local_unavailable"),
+                other => panic!("restricted request placed at {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn every_fallback_hop_keeps_restricted_data_in() {
+        let (local, ups) = (names(&["smollm2"]), names(&["frontier"]));
+        let node = view(&local, &ups, OnPolicyFailure::Local);
+        for (failure, code) in [
+            (LocalFailure::Busy { queue: 8 }, "local_busy"),
+            (LocalFailure::Unavailable("gone".into()), "local_unavailable"),
+            (
+                LocalFailure::TooLong {
+                    prompt_tokens: 5000,
+                    context: 2048,
+                },
+                "prompt_too_long",
+            ),
+        ] {
+            let placed = after_local_failure(&failure, "r", &RESTRICTED, &node);
+            assert!(!is_off_node(&placed), "{placed:?}");
+            match placed {
+                Placement::Refuse(r) => assert_eq!(r.cause.code(), code),
+                other => panic!("{other:?}"),
+            }
+            let public = after_local_failure(&failure, "r", &PUBLIC, &node);
+            assert!(
+                matches!(&public, Placement::Run { target: Target::Cloud(u), .. } if u == "frontier"),
+                "{public:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn public_request_falls_back_to_cloud_when_local_is_missing() {
+        let ups = names(&["frontier"]);
+        let node = view(&[], &ups, OnPolicyFailure::Local);
+        let placed = place(
+            Ok(Decision::run(Target::Local("smollm2".into()), "short")),
+            &PUBLIC,
+            &node,
+        );
+        assert!(is_off_node(&placed), "{placed:?}");
+    }
+
+    #[test]
+    fn unknown_targets_and_failures_get_the_safe_default() {
+        let local = names(&["smollm2"]);
+        let node = view(&local, &[], OnPolicyFailure::Error);
+        for decision in [
+            Err(PolicyFailure::Timeout(5)),
+            cloud("nowhere"),
+            Ok(Decision::run(Target::Peer("edge-9".into()), "p")),
+        ] {
+            match place(decision, &PUBLIC, &node) {
+                Placement::Refuse(r) => assert_eq!(r.cause.code(), "policy_failed"),
+                other => panic!("{other:?}"),
+            }
+        }
+        let node = view(&local, &[], OnPolicyFailure::Local);
+        let placed = place(cloud("nowhere"), &PUBLIC, &node);
+        assert!(
+            matches!(&placed, Placement::Run { target: Target::Local(m), reason } if m == "smollm2" && reason.contains("unknown target 'cloud:nowhere'")),
+            "{placed:?}"
+        );
+    }
+
+    #[test]
+    fn a_policy_reject_is_a_refusal_with_its_message() {
+        let node = view(&[], &[], OnPolicyFailure::Local);
+        let placed = place(
+            Ok(Decision {
+                choice: Choice::Reject("no".into()),
+                reason: "why".into(),
+            }),
+            &PUBLIC,
+            &node,
+        );
+        assert_eq!(
+            placed,
+            Placement::Refuse(Refused {
+                cause: Refusal::PolicyRejected {
+                    message: "no".into()
+                },
+                reason: "why".into()
+            })
+        );
+    }
+
+    #[test]
+    fn never_leave_rules() {
+        let rules = Rules {
+            never_leave: vec![Sensitivity::Internal, Sensitivity::Restricted],
+            ..Rules::default()
+        };
+        assert!(rules.may_leave(Sensitivity::Public));
+        assert!(!rules.may_leave(Sensitivity::Internal));
+        assert!(!Rules::default().may_leave(Sensitivity::Restricted));
+    }
+}

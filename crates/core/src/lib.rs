@@ -1,0 +1,24 @@
+//! edgeroute's vocabulary, below everything else: where a request may run
+//! ([`Target`]), how sensitive it is ([`Sensitivity`], collected from every
+//! place a level can come from), what a policy answered ([`Decision`]), why
+//! a request was refused ([`Refusal`], a cause rather than an HTTP status),
+//! what it cost ([`Usage`], [`Prices`]) and the [`guard`] that turns a
+//! policy's answer into a placement the policy cannot override.
+//!
+//! Nothing here knows wasmtime, HTTP or llama.cpp: the host converts its
+//! WIT bindings into these types in one place, and the HTTP layer maps a
+//! refusal to a status code in one place.
+
+pub mod cost;
+pub mod decision;
+pub mod guard;
+pub mod refusal;
+pub mod sensitivity;
+pub mod target;
+
+pub use cost::{Prices, Usage};
+pub use decision::{Choice, Decision, PolicyFailure};
+pub use guard::{NodeView, OnPolicyFailure, Placement, Rules};
+pub use refusal::{Refusal, Refused};
+pub use sensitivity::{Sensitivity, SensitivitySet, Source, UnknownSensitivity};
+pub use target::{Target, TargetKind, UnknownTarget};

@@ -1,11 +1,20 @@
 //! The egress guard, inside the host's `wasi:http`: every request a
 //! component sends passes through `send_request`, so the check cannot be
 //! bypassed by a component, whatever it was told by a policy.
+//!
+//! The same hooks keep the upstream's key in the host: a guest may not set
+//! credential headers (`is_forbidden_header`), and `send_request` adds the
+//! key to the requests that go to the upstream it belongs to, after the
+//! guard has let them out. No guest ever holds the key, so none can leak it.
 
+use http::header::{self, HeaderName, HeaderValue};
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
+use wasmtime_wasi_http::{
+    DEFAULT_FORBIDDEN_HEADERS, Error as HttpError, ForbiddenHeaderFilter, RequestOptions, WasiBody,
+    WasiHttpHooks,
+};
 
 /// Counts of what the guard let out and refused, for `/metrics`-style views.
 #[derive(Default)]
@@ -15,13 +24,92 @@ pub struct EgressAudit {
     pub refused_host: AtomicU64,
 }
 
-/// The hooks of one cloud call: the hosts that may be reached and whether
-/// the client request that caused the call may leave the node at all.
+/// The hooks of one cloud call: the hosts that may be reached, whether
+/// the client request that caused the call may leave the node at all, and
+/// the key of the upstream chosen for the call.
 pub struct EgressHooks {
     pub allowed_hosts: Arc<HashSet<String>>,
     pub may_leave: bool,
     pub request_id: String,
     pub audit: Arc<EgressAudit>,
+    /// Added only to requests for this upstream's origin: another allowed
+    /// host (a second upstream) must not receive this one's key.
+    pub credential: Option<Credential>,
+}
+
+/// An upstream's API key as the `Authorization` header the host adds for
+/// it. The value is marked sensitive, so `http` prints it as `Sensitive`
+/// in any `Debug` output and HTTP/2 encoders never index it.
+#[derive(Clone)]
+pub struct Credential {
+    scheme: http::uri::Scheme,
+    /// `host:port`, as `upstream_authority` gives it.
+    authority: String,
+    authorization: HeaderValue,
+    /// Kept to take it out of what an upstream echoes back (`redact`).
+    key: String,
+}
+
+impl Credential {
+    /// `Authorization: Bearer KEY` for the upstream at `base_url`.
+    pub fn bearer(base_url: &str, key: &str) -> anyhow::Result<Self> {
+        let uri = parse_upstream(base_url)?;
+        let scheme = uri
+            .scheme()
+            .cloned()
+            .ok_or_else(|| anyhow::anyhow!("upstream URL '{base_url}' has no scheme"))?;
+        let authority = host_port(&uri)
+            .ok_or_else(|| anyhow::anyhow!("upstream URL '{base_url}' has no host"))?;
+        // The error quotes neither the key nor the header built from it.
+        let mut authorization = HeaderValue::from_str(&format!("Bearer {key}"))
+            .map_err(|_| anyhow::anyhow!("the API key is not a valid HTTP header value"))?;
+        authorization.set_sensitive(true);
+        Ok(Self {
+            scheme,
+            authority,
+            authorization,
+            key: key.to_string(),
+        })
+    }
+
+    /// `text` without the key. An upstream may echo the request back in an
+    /// error body; only the host, which alone holds the key, can take the
+    /// key out before the body reaches a client.
+    pub fn redact(&self, text: &str) -> String {
+        if self.key.is_empty() {
+            text.to_string()
+        } else {
+            text.replace(&self.key, "[redacted]")
+        }
+    }
+
+    /// Whether a request to `uri` goes to this credential's upstream: same
+    /// scheme (the key never goes out in clear text to an `https` upstream's
+    /// host) and same `host:port`.
+    fn is_for(&self, uri: &http::Uri) -> bool {
+        uri.scheme() == Some(&self.scheme)
+            && host_port(uri).is_some_and(|authority| authority == self.authority)
+    }
+}
+
+/// Names the upstream, never the key.
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credential")
+            .field("scheme", &self.scheme)
+            .field("authority", &self.authority)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Headers a guest may not set: credentials are the host's to add, and
+/// `wasmtime-wasi-http`'s defaults keep the hop-by-hop headers its client
+/// manages. `proxy-authorization` is among the defaults; it is named here
+/// too so that a change of defaults cannot let it through.
+fn guest_may_not_set(name: &HeaderName) -> bool {
+    *name == header::AUTHORIZATION
+        || *name == header::PROXY_AUTHORIZATION
+        || DEFAULT_FORBIDDEN_HEADERS.contains(name)
 }
 
 type SendFuture = Box<
@@ -37,9 +125,21 @@ type SendFuture = Box<
 >;
 
 impl WasiHttpHooks for EgressHooks {
+    /// Called by `wasi:http` for every header a guest sets (`fields`), so a
+    /// guest that sets `Authorization` gets `header-error.forbidden`.
+    fn is_forbidden_header(&mut self, name: &HeaderName) -> bool {
+        guest_may_not_set(name)
+    }
+
+    /// The same rule for the code paths that check headers away from the
+    /// store; the default would only apply wasmtime's own list.
+    fn forbidden_header_filter(&mut self) -> ForbiddenHeaderFilter {
+        Arc::new(guest_may_not_set)
+    }
+
     fn send_request(
         &mut self,
-        request: http::Request<WasiBody>,
+        mut request: http::Request<WasiBody>,
         options: Option<RequestOptions>,
         _response_errors: Box<dyn Future<Output = Result<(), HttpError>> + Send>,
     ) -> SendFuture {
@@ -63,6 +163,14 @@ impl WasiHttpHooks for EgressHooks {
             return Box::new(async { Err(HttpError::HttpRequestDenied) });
         }
         self.audit.allowed.fetch_add(1, Ordering::Relaxed);
+        // Only now, past the guard: a refused request never carried the key.
+        if let Some(credential) = &self.credential
+            && credential.is_for(request.uri())
+        {
+            request
+                .headers_mut()
+                .insert(header::AUTHORIZATION, credential.authorization.clone());
+        }
         Box::new(async move {
             use http_body_util::BodyExt;
             let (response, io) = wasmtime_wasi_http::default_send_request(request, options).await?;
@@ -85,11 +193,15 @@ fn host_port(uri: &http::Uri) -> Option<String> {
     Some(format!("{}:{port}", host.to_ascii_lowercase()))
 }
 
+fn parse_upstream(base_url: &str) -> anyhow::Result<http::Uri> {
+    base_url
+        .parse()
+        .map_err(|e| anyhow::anyhow!("invalid upstream URL '{base_url}': {e}"))
+}
+
 /// The `host:port` the guard lets a configured upstream's base URL reach.
 pub fn upstream_authority(base_url: &str) -> anyhow::Result<String> {
-    let uri: http::Uri = base_url
-        .parse()
-        .map_err(|e| anyhow::anyhow!("invalid upstream URL '{base_url}': {e}"))?;
+    let uri = parse_upstream(base_url)?;
     host_port(&uri).ok_or_else(|| anyhow::anyhow!("upstream URL '{base_url}' has no host"))
 }
 
@@ -112,7 +224,56 @@ mod tests {
             may_leave,
             request_id: "t".into(),
             audit: Arc::default(),
+            credential: None,
         }
+    }
+
+    const KEY: &str = "test-key";
+
+    /// Hooks that may reach `allowed`, with the key of `upstream`.
+    fn hooks_with_key(allowed: &[&str], upstream: &str) -> EgressHooks {
+        EgressHooks {
+            allowed_hosts: Arc::new(allowed.iter().map(|a| a.to_string()).collect()),
+            may_leave: true,
+            request_id: "t".into(),
+            audit: Arc::default(),
+            credential: Some(Credential::bearer(&format!("http://{upstream}/v1"), KEY).unwrap()),
+        }
+    }
+
+    /// A one-request HTTP server on loopback: its `host:port`, and the head
+    /// of the request it received (request line and headers, as sent).
+    async fn recording_server() -> (String, tokio::task::JoinHandle<String>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let authority = listener.local_addr().unwrap().to_string();
+        let received = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = socket.read(&mut buf).await.unwrap();
+                if n == 0 {
+                    break;
+                }
+                head.extend_from_slice(&buf[..n]);
+            }
+            socket
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                .await
+                .unwrap();
+            String::from_utf8_lossy(&head).into_owned()
+        });
+        (authority, received)
+    }
+
+    /// The value of header `name` in a raw request head; names compare
+    /// case-insensitively, as HTTP/1.1 has them.
+    fn header_value<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+        head.lines().skip(1).find_map(|line| {
+            let (field, value) = line.split_once(':')?;
+            field.eq_ignore_ascii_case(name).then_some(value.trim())
+        })
     }
 
     async fn send(hooks: &mut EgressHooks, url: &str) -> Result<(), HttpError> {
@@ -155,6 +316,74 @@ mod tests {
             "{result:?}"
         );
         assert_eq!(hooks.audit.allowed.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn a_guest_may_not_set_credentials() {
+        let mut hooks = hooks(true);
+        for name in [
+            "Authorization",
+            "authorization",
+            "AUTHORIZATION",
+            "Proxy-Authorization",
+        ] {
+            let name: HeaderName = name.parse().unwrap();
+            assert!(hooks.is_forbidden_header(&name), "{name}");
+            assert!((hooks.forbidden_header_filter())(&name), "{name}");
+        }
+        // wasmtime's defaults still hold; ordinary headers pass.
+        assert!(hooks.is_forbidden_header(&header::CONNECTION));
+        assert!(hooks.is_forbidden_header(&header::HOST));
+        assert!(!hooks.is_forbidden_header(&header::CONTENT_TYPE));
+        // What `fields.from-list` / `fields.append` do with a guest's header.
+        let refused = wasmtime_wasi_http::FieldMap::new_mutable(64 * 1024).append(
+            &mut hooks,
+            "Authorization".into(),
+            b"Bearer guest-key".to_vec(),
+        );
+        assert_eq!(refused, Err(wasmtime_wasi_http::FieldMapError::Forbidden));
+    }
+
+    #[tokio::test]
+    async fn the_upstream_receives_its_key_from_the_host() {
+        let (upstream, received) = recording_server().await;
+        let mut hooks = hooks_with_key(&[&upstream], &upstream);
+        let url = format!("http://{upstream}/v1/chat/completions");
+        let result = send(&mut hooks, &url).await;
+        assert!(result.is_ok(), "{result:?}");
+        let head = received.await.unwrap();
+        assert_eq!(
+            header_value(&head, "authorization"),
+            Some("Bearer test-key"),
+            "{head}"
+        );
+    }
+
+    #[tokio::test]
+    async fn another_allowed_host_does_not_receive_the_key() {
+        let (upstream, _never_called) = recording_server().await;
+        let (other, received) = recording_server().await;
+        let mut hooks = hooks_with_key(&[&upstream, &other], &upstream);
+        let url = format!("http://{other}/v1/chat/completions");
+        let result = send(&mut hooks, &url).await;
+        assert!(result.is_ok(), "{result:?}");
+        let head = received.await.unwrap();
+        assert_eq!(header_value(&head, "authorization"), None, "{head}");
+    }
+
+    #[test]
+    fn a_credential_is_for_its_own_scheme_and_authority_only() {
+        let credential = Credential::bearer("http://LOCALHOST:8000/v1", "test-key").unwrap();
+        let is_for = |url: &str| credential.is_for(&url.parse().unwrap());
+        assert!(is_for("http://localhost:8000/v1/chat/completions"));
+        assert!(!is_for("https://localhost:8000/v1/chat/completions"));
+        assert!(!is_for("http://localhost:8001/v1/chat/completions"));
+        assert!(!is_for("http://127.0.0.1:8000/v1/chat/completions"));
+        assert!(!format!("{credential:?}").contains("test-key"));
+        assert_eq!(
+            credential.redact("echo: Bearer test-key, test-key"),
+            "echo: Bearer [redacted], [redacted]"
+        );
     }
 
     #[test]

@@ -2,10 +2,11 @@
 //! upstream through wasi:http/outgoing-handler.
 //!
 //! The host gives each instance its upstream in the environment:
-//! `EDGEROUTE_UPSTREAM_URL` (a base URL such as `http://127.0.0.1:9999/v1`)
-//! and `EDGEROUTE_UPSTREAM_KEY` (empty for none). The key goes into the
-//! Authorization header and nowhere else: no error message carries it, and an
-//! upstream body that echoes it back is redacted.
+//! `EDGEROUTE_UPSTREAM_URL` (a base URL such as `http://127.0.0.1:9999/v1`).
+//! The upstream's API key is not given: the host adds the `Authorization`
+//! header to requests for that upstream after its egress guard lets them
+//! out, and refuses the header if a component sets it. So this component
+//! never holds the key and cannot leak it, in a message or anywhere else.
 
 use serde::{Deserialize, Serialize};
 use wasip2::http::outgoing_handler;
@@ -40,12 +41,11 @@ impl Guest for CloudFetch {
         let upstream = Upstream::from_env()?;
         let body = request_body(&request)?;
         let response = upstream.post("/chat/completions", &body, request.stream)?;
-        let result = if request.stream {
+        if request.stream {
             read_stream(&request, &response.stream)
         } else {
             read_whole(&request, &response.stream)
-        };
-        result.map_err(|e| upstream.redact(e))
+        }
     }
 }
 
@@ -58,7 +58,6 @@ struct Upstream {
     base_path: String,
     /// The base URL's query ("?api-version=..."), appended to every path.
     query: String,
-    key: String,
 }
 
 impl Upstream {
@@ -93,7 +92,6 @@ impl Upstream {
             authority: authority.to_string(),
             base_path: path.trim_end_matches('/').to_string(),
             query,
-            key: std::env::var("EDGEROUTE_UPSTREAM_KEY").unwrap_or_default(),
         })
     }
 
@@ -105,7 +103,9 @@ impl Upstream {
         } else {
             b"application/json"
         };
-        let mut headers = vec![
+        // No `authorization`: the host adds the upstream's key itself, and
+        // refuses the header from a guest.
+        let headers = [
             ("content-type".to_string(), b"application/json".to_vec()),
             ("accept".to_string(), accept.to_vec()),
             // Some servers refuse a body without a length; a length also
@@ -115,13 +115,6 @@ impl Upstream {
                 body.len().to_string().into_bytes(),
             ),
         ];
-        if !self.key.is_empty() {
-            headers.push((
-                "authorization".into(),
-                format!("Bearer {}", self.key).into_bytes(),
-            ));
-        }
-        // The header error names no value, so the key cannot leak through it.
         let headers = Fields::from_list(&headers)
             .map_err(|e| TargetError::Internal(format!("building request headers: {e:?}")))?;
 
@@ -176,30 +169,12 @@ impl Upstream {
         if !(200..300).contains(&status) {
             let body = read_to_end(&response.stream, ERROR_BODY_READ_LIMIT).unwrap_or_default();
             let body = String::from_utf8_lossy(&body);
-            let body = self.redact_str(body.trim());
             return Err(TargetError::Upstream(format!(
                 "HTTP {status}: {}",
-                truncate(&body, ERROR_BODY_CHARS)
+                truncate(body.trim(), ERROR_BODY_CHARS)
             )));
         }
         Ok(response)
-    }
-
-    fn redact_str(&self, text: &str) -> String {
-        if self.key.is_empty() {
-            text.to_string()
-        } else {
-            text.replace(&self.key, "[redacted]")
-        }
-    }
-
-    fn redact(&self, error: TargetError) -> TargetError {
-        match error {
-            TargetError::Unavailable(m) => TargetError::Unavailable(self.redact_str(&m)),
-            TargetError::BadRequest(m) => TargetError::BadRequest(self.redact_str(&m)),
-            TargetError::Upstream(m) => TargetError::Upstream(self.redact_str(&m)),
-            TargetError::Internal(m) => TargetError::Internal(self.redact_str(&m)),
-        }
     }
 }
 

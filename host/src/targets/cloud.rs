@@ -1,52 +1,50 @@
 //! The cloud target: the cloud-fetch component calling an OpenAI-compatible
-//! upstream over `wasi:http`. The host gives each call the upstream's URL
-//! and key, and the egress guard decides what may actually leave.
+//! upstream over `wasi:http`. The host gives each call the upstream's URL,
+//! and the egress guard decides what may actually leave; the upstream's key
+//! stays in the host, which adds it to the requests the guard lets out.
 
 use super::{Job, TargetFailure, TargetResult, trapped};
-use crate::bindings::target::{Target, TargetPre};
-use crate::capabilities::Role;
+use crate::bindings::target::TargetPre;
 use crate::config::UpstreamConfig;
-use crate::egress::{self, EgressAudit, EgressHooks};
-use crate::runtime::{self, NO_DEADLINE, Sink, SinkData};
+use crate::egress::{self, Credential, EgressAudit, EgressHooks};
+use crate::runtime::roles::cloud_fetch::{self, CloudState};
+use crate::runtime::roles::{self, Role};
+use crate::runtime::{self, NO_DEADLINE, Sink};
+use anyhow::Context;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
-use wasmtime::component::{Linker, ResourceTable};
+use wasmtime::component::ResourceTable;
 use wasmtime::{Engine, Store};
-use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
-use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
-
-pub struct CloudState {
-    wasi: WasiCtx,
-    table: ResourceTable,
-    http: WasiHttpCtx,
-    hooks: EgressHooks,
-    sink: Sink,
-}
-
-impl WasiView for CloudState {
-    fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView {
-            ctx: &mut self.wasi,
-            table: &mut self.table,
-        }
-    }
-}
-
-impl WasiHttpView for CloudState {
-    fn http(&mut self) -> WasiHttpCtxView<'_> {
-        WasiHttpCtxView {
-            ctx: &mut self.http,
-            table: &mut self.table,
-            hooks: &mut self.hooks,
-        }
-    }
-}
+use wasmtime_wasi_http::WasiHttpCtx;
 
 /// An upstream as the node uses it, with its key read once at start.
 pub struct Upstream {
     pub config: UpstreamConfig,
-    api_key: Option<String>,
+    credential: Option<Credential>,
+}
+
+/// The upstream's key, read once from the variable the config names.
+fn credential(upstream: &UpstreamConfig) -> anyhow::Result<Option<Credential>> {
+    let Some(var) = &upstream.api_key_env else {
+        return Ok(None);
+    };
+    let name = &upstream.name;
+    match std::env::var(var) {
+        Ok(key) if !key.is_empty() => Credential::bearer(&upstream.base_url, &key)
+            .map(Some)
+            .with_context(|| format!("upstream '{name}': the key in {var} cannot be sent")),
+        _ => {
+            tracing::warn!(upstream = %name, env = %var, "API key variable is not set or empty; calling without a key");
+            Ok(None)
+        }
+    }
+}
+
+/// The environment of a cloud-fetch instance: where its upstream is, and
+/// nothing secret. The key is the host's to add (see `egress`).
+fn guest_env(upstream: &Upstream) -> Vec<(&str, &str)> {
+    vec![("EDGEROUTE_UPSTREAM_URL", upstream.config.base_url.as_str())]
 }
 
 pub struct CloudTarget {
@@ -73,32 +71,18 @@ impl CloudTarget {
         upstreams: &[UpstreamConfig],
         timeout: Duration,
     ) -> anyhow::Result<Self> {
-        let component = runtime::compile(engine, fetcher, Role::CloudFetch, "cloud-fetch")?;
-        let mut linker = Linker::<CloudState>::new(engine);
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
-        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
-        Target::add_to_linker::<_, SinkData>(&mut linker, |s: &mut CloudState| &mut s.sink)?;
-        let pre = TargetPre::new(linker.instantiate_pre(&component)?)?;
+        let component = roles::compile(engine, fetcher, Role::CloudFetch, "cloud-fetch")?;
+        let pre = TargetPre::new(cloud_fetch::linker(engine)?.instantiate_pre(&component)?)?;
 
         let mut allowed = HashSet::new();
         let mut by_name = BTreeMap::new();
         for upstream in upstreams {
             allowed.insert(egress::upstream_authority(&upstream.base_url)?);
-            let api_key = match &upstream.api_key_env {
-                Some(var) => match std::env::var(var) {
-                    Ok(key) => Some(key),
-                    Err(_) => {
-                        tracing::warn!(upstream = %upstream.name, env = %var, "API key variable is not set; calling without a key");
-                        None
-                    }
-                },
-                None => None,
-            };
             by_name.insert(
                 upstream.name.clone(),
                 Upstream {
                     config: upstream.clone(),
-                    api_key,
+                    credential: credential(upstream)?,
                 },
             );
         }
@@ -126,13 +110,7 @@ impl CloudTarget {
             .get(upstream)
             .ok_or_else(|| TargetFailure::Unavailable(format!("no upstream named '{upstream}'")))?;
         job.request.model = upstream.config.model.clone();
-        let env = [
-            ("EDGEROUTE_UPSTREAM_URL", upstream.config.base_url.as_str()),
-            (
-                "EDGEROUTE_UPSTREAM_KEY",
-                upstream.api_key.as_deref().unwrap_or(""),
-            ),
-        ];
+        let env = guest_env(upstream);
         let mut store = Store::new(
             &self.engine,
             CloudState {
@@ -144,6 +122,7 @@ impl CloudTarget {
                     may_leave: taint.may_leave,
                     request_id: taint.request_id,
                     audit: self.audit.clone(),
+                    credential: upstream.credential.clone(),
                 },
                 sink: Sink { tx: job.stream },
             },
@@ -162,9 +141,57 @@ impl CloudTarget {
                 .map_err(trapped)?
                 .map_err(TargetFailure::from)
         };
-        match tokio::time::timeout(self.timeout, call).await {
+        let result = match tokio::time::timeout(self.timeout, call).await {
             Ok(result) => result,
             Err(_) => Err(TargetFailure::Timeout(self.timeout.as_millis() as u64)),
+        };
+        match &upstream.credential {
+            Some(credential) => result.map_err(|failure| redact(failure, credential)),
+            None => result,
+        }
+    }
+}
+
+/// An upstream may echo the key back in an error body, which the component
+/// passes on; the host, which alone holds the key, takes it out.
+fn redact(failure: TargetFailure, credential: &Credential) -> TargetFailure {
+    match failure {
+        TargetFailure::Unavailable(m) => TargetFailure::Unavailable(credential.redact(&m)),
+        TargetFailure::BadRequest(m) => TargetFailure::BadRequest(credential.redact(&m)),
+        TargetFailure::Upstream(m) => TargetFailure::Upstream(credential.redact(&m)),
+        TargetFailure::Internal(m) => TargetFailure::Internal(credential.redact(&m)),
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_guest_environment_holds_no_key() {
+        let key = "sk-test-secret";
+        let config: UpstreamConfig = toml::from_str(
+            r#"
+            name = "test"
+            base_url = "https://api.example.com/v1"
+            model = "m"
+            api_key_env = "EDGEROUTE_TEST_UPSTREAM_KEY"
+            "#,
+        )
+        .unwrap();
+        let upstream = Upstream {
+            credential: Some(Credential::bearer(&config.base_url, key).unwrap()),
+            config,
+        };
+        let env = guest_env(&upstream);
+        assert!(
+            env.contains(&("EDGEROUTE_UPSTREAM_URL", "https://api.example.com/v1")),
+            "{env:?}"
+        );
+        for (name, value) in env {
+            assert!(!name.to_ascii_uppercase().contains("KEY"), "{name}");
+            assert!(!value.contains(key), "{name} holds the key");
         }
     }
 }

@@ -3,33 +3,16 @@
 //! immediate, explicit refusal rather than unbounded waiting.
 
 use super::{Job, TargetFailure, TargetResult, trapped};
-use crate::bindings::target::{Target, TargetPre};
-use crate::capabilities::Role;
+use crate::bindings::target::TargetPre;
 use crate::nn::{self, LoadedModel, ModelRegistry};
-use crate::runtime::{self, NO_DEADLINE, Sink, SinkData};
+use crate::runtime::roles::local_worker::{self, LocalState};
+use crate::runtime::roles::{self, Role};
+use crate::runtime::{self, NO_DEADLINE, Sink};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use tokio::sync::Semaphore;
-use wasmtime::component::{Linker, ResourceTable};
+use wasmtime::component::ResourceTable;
 use wasmtime::{Engine, Store};
-use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
-use wasmtime_wasi_nn::wit::{WasiNnCtx, WasiNnView};
-
-pub struct LocalState {
-    wasi: WasiCtx,
-    table: ResourceTable,
-    nn: WasiNnCtx,
-    sink: Sink,
-}
-
-impl WasiView for LocalState {
-    fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView {
-            ctx: &mut self.wasi,
-            table: &mut self.table,
-        }
-    }
-}
 
 pub struct LocalTarget {
     engine: Engine,
@@ -51,14 +34,8 @@ impl LocalTarget {
         max_queue: u32,
         max_concurrent: u32,
     ) -> anyhow::Result<Self> {
-        let component = runtime::compile(engine, worker, Role::LocalWorker, "local worker")?;
-        let mut linker = Linker::<LocalState>::new(engine);
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
-        wasmtime_wasi_nn::wit::add_to_linker(&mut linker, |s: &mut LocalState| {
-            WasiNnView::new(&mut s.table, &mut s.nn)
-        })?;
-        Target::add_to_linker::<_, SinkData>(&mut linker, |s: &mut LocalState| &mut s.sink)?;
-        let pre = TargetPre::new(linker.instantiate_pre(&component)?)?;
+        let component = roles::compile(engine, worker, Role::LocalWorker, "local worker")?;
+        let pre = TargetPre::new(local_worker::linker(engine)?.instantiate_pre(&component)?)?;
         let mut registry = ModelRegistry::default();
         for model in &models {
             registry.insert(model.clone());

@@ -1,14 +1,14 @@
-//! The wasmtime engine every component runs on, and the per-store state of
-//! each role. One engine per node: compiled code and the epoch clock that
-//! bounds policy calls are shared by all components.
+//! The wasmtime engine every component runs on, and what the roles share:
+//! the WASI context a guest gets, the memory cap, the streaming sink. One
+//! engine per node: compiled code and the epoch clock that bounds policy
+//! calls are shared by all components. Each role (what a component may
+//! import, how it is linked, its store state) is a file under `roles`.
 
-use crate::capabilities::{self, Role};
-use anyhow::Context;
-use std::path::Path;
+pub mod roles;
+
 use std::time::Duration;
-use wasmtime::component::{Component, ResourceTable};
 use wasmtime::{Config, Engine, ResourceLimiter};
-use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi::WasiCtx;
 
 /// One epoch tick; policy deadlines are counted in ticks.
 pub const EPOCH_TICK: Duration = Duration::from_millis(1);
@@ -44,26 +44,6 @@ pub fn engine() -> anyhow::Result<Engine> {
             }
         })?;
     Ok(engine)
-}
-
-/// Compile a component and check its imports against its role.
-pub fn compile(
-    engine: &Engine,
-    bytes: &[u8],
-    role: Role,
-    origin: &str,
-) -> anyhow::Result<Component> {
-    let component = Component::new(engine, bytes)
-        .map_err(anyhow::Error::from)
-        .with_context(|| format!("{origin} is not a valid WebAssembly component"))?;
-    capabilities::check(engine, &component, role).with_context(|| format!("{origin} refused"))?;
-    Ok(component)
-}
-
-pub fn compile_file(engine: &Engine, path: &Path, role: Role) -> anyhow::Result<Component> {
-    let bytes = std::fs::read(path)
-        .with_context(|| format!("cannot read {} component {}", role.name(), path.display()))?;
-    compile(engine, &bytes, role, &path.display().to_string())
 }
 
 /// WASI for a guest: stderr goes to the node's log, nothing else is given.
@@ -114,22 +94,6 @@ impl ResourceLimiter for MemoryCap {
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
         Ok(desired <= 1 << 20)
-    }
-}
-
-/// Store state of a policy instance.
-pub struct PolicyState {
-    pub wasi: WasiCtx,
-    pub table: ResourceTable,
-    pub limits: MemoryCap,
-}
-
-impl WasiView for PolicyState {
-    fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView {
-            ctx: &mut self.wasi,
-            table: &mut self.table,
-        }
     }
 }
 

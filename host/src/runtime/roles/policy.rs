@@ -1,0 +1,36 @@
+//! The routing policy: pure computation over a request's features. It gets
+//! the WASI basics a language runtime pulls in, with an empty environment,
+//! no preopened directory and no socket, and the routing types; nothing
+//! that reaches the network, a file or a model. Its memory is capped and
+//! its calls run under a deadline (see `policy`).
+
+use crate::runtime::MemoryCap;
+use wasmtime::Engine;
+use wasmtime::component::{Linker, ResourceTable};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+/// What a policy may import. `edgeroute:routing/types` holds only types,
+/// so there is nothing to link for it; the policy's functions are exports.
+pub const ALLOWED: &[&str] = with_wasi_basics!["edgeroute:routing/types"];
+
+/// Store state of a policy instance.
+pub struct PolicyState {
+    pub wasi: WasiCtx,
+    pub table: ResourceTable,
+    pub limits: MemoryCap,
+}
+
+impl WasiView for PolicyState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+pub fn linker(engine: &Engine) -> anyhow::Result<Linker<PolicyState>> {
+    let mut linker = Linker::<PolicyState>::new(engine);
+    wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+    Ok(linker)
+}

@@ -594,6 +594,79 @@ fn hostile_policy_that_loops_forever_cannot_leak_restricted_prompts() {
     hostile_policy_cannot_leak(POLICY_LOOP, true);
 }
 
+/// Every place a sensitivity level can come from counts, and the most
+/// restrictive wins: a second header value, a list in one header, a header
+/// and a body that disagree. A body with a key twice is refused outright.
+/// Under a policy that always answers cloud, none of them may leave.
+#[test]
+fn duplicated_or_conflicting_labels_cannot_send_restricted_data_out() {
+    let cloud = FakeCloud::start();
+    let node = Node::builder(&cloud)
+        .policy_component(POLICY_ALWAYS_CLOUD)
+        .start();
+    let canaries: Vec<String> = ["dup-header", "list-header", "header-vs-body", "dup-json"]
+        .into_iter()
+        .map(unique)
+        .collect();
+
+    let resp = node.post_chat(
+        chat(&long_prompt(&canaries[0])),
+        &[
+            ("x-edgeroute-sensitivity", "public"),
+            ("x-edgeroute-sensitivity", "restricted"),
+        ],
+    );
+    assert_local_completion(&resp, "header sent twice (public, then restricted)");
+
+    let resp = node.post_chat(
+        chat(&long_prompt(&canaries[1])),
+        &[("x-edgeroute-sensitivity", "public, restricted")],
+    );
+    assert_local_completion(&resp, "one header listing two levels");
+
+    let resp = node.post_chat(
+        chat_with(
+            &long_prompt(&canaries[2]),
+            "metadata",
+            json!({"sensitivity": "restricted"}),
+        ),
+        &[("x-edgeroute-sensitivity", "public")],
+    );
+    assert_local_completion(&resp, "public header, restricted body");
+
+    // serde_json would keep the last value ("public"); the strict parser
+    // refuses the body instead.
+    let body = format!(
+        r#"{{"model":"{LOCAL_MODEL}","messages":[{{"role":"user","content":"{}"}}],"max_tokens":8,"metadata":{{"sensitivity":"restricted","sensitivity":"public"}}}}"#,
+        long_prompt(&canaries[3]).replace('"', "'")
+    );
+    let resp = node.post_raw(body, "application/json");
+    assert_eq!(resp.status, 400, "{resp:?}");
+    let error = assert_openai_error(&resp, "duplicate JSON key");
+    assert!(
+        error["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("'sensitivity' appears twice")),
+        "{resp:?}"
+    );
+
+    assert_nothing_left(&cloud, &canaries, "duplicated or conflicting labels");
+    // Control: a plain public request does leave under this policy, so the
+    // checks above are not passing only because nothing ever leaves.
+    let canary = unique("dup-control");
+    let resp = node.post_chat(
+        chat(&long_prompt(&canary)),
+        &[("x-edgeroute-sensitivity", "public")],
+    );
+    assert_cloud_completion(&resp, "public control");
+    assert_eq!(
+        cloud.requests_mentioning(&canary).len(),
+        1,
+        "{}",
+        cloud.describe()
+    );
+}
+
 fn env_flag(name: &str) -> bool {
     std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "0" && !v.eq_ignore_ascii_case("false"))
 }

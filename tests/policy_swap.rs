@@ -246,6 +246,13 @@ fn broken_candidates_are_refused_and_the_old_policy_keeps_answering() {
             "may not import",
         ),
         (
+            // Allowed by the old allowlist but never linked for a policy:
+            // it passed the check, then failed with a misleading message.
+            "imports wasi:nn",
+            b"(component (import \"wasi:nn/graph@0.2.0-rc-2024-10-28\" (instance)))".to_vec(),
+            "may not import wasi:nn/graph",
+        ),
+        (
             "truncated file",
             default_bytes[..default_bytes.len() / 2].to_vec(),
             "not a valid WebAssembly component",
@@ -279,6 +286,29 @@ fn broken_candidates_are_refused_and_the_old_policy_keeps_answering() {
                 .unwrap_or_default()
                 .starts_with("long prompt ("),
             "{resp:?}"
+        );
+        // `edgeroute policy check` refuses exactly what the node refused,
+        // for the same reason: both call `policy::admit`.
+        let file = node.dir().join(format!("{}.wasm", unique("candidate")));
+        std::fs::write(&file, &component).unwrap();
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_edgeroute"))
+            .args(["policy", "check", "--config"])
+            .arg(Path::new(support::REPO_ROOT).join("runtime-config/edgeroute.toml"))
+            .arg(&file)
+            .output()
+            .expect("run edgeroute policy check");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(
+            !output.status.success(),
+            "{what}: policy check passed:\n{text}"
+        );
+        assert!(
+            text.contains(expect),
+            "{what}: expected '{expect}' in:\n{text}"
         );
     }
 }

@@ -3,16 +3,14 @@
 //! with the same prompt, threads and sampling on llama.cpp called directly
 //! (the `Generation` type the backend itself drives, without wasm).
 
-use crate::api::request;
 use crate::bindings::target::{ChatRequest, Message};
 use crate::config::Config;
-use crate::guard::{self, NodeView};
+use crate::nn;
 use crate::nn::Sampling;
 use crate::node::Node;
+use crate::router::{self, Signals};
 use crate::targets::Job;
-use crate::{features, nn};
 use anyhow::{Context, bail};
-use axum::http::HeaderMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -226,19 +224,15 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
         "  ratio = wasi-nn speed / direct speed (1.0 = no overhead); same greedy text on both paths: {same_text}"
     );
 
-    // The policy call on its own.
-    let headers = HeaderMap::new();
+    // The policy call on its own, on the features the pipeline extracts.
+    let signals = Signals::default();
     let body = serde_json::json!({ "model": "auto", "messages": [{ "role": "user", "content": "Classify: the parcel arrived broken." }], "max_tokens": 16 }).to_string();
-    let prepared = request::parse(body.as_bytes(), &node.config.limits, "bench".into(), 0)
-        .map_err(|e| anyhow::anyhow!("{}", e.message))?;
-    let features = features::extract(
-        &prepared,
-        &headers,
-        &node.config.guard,
-        &node.local,
-        &node.cloud,
-    )
-    .map_err(|e| anyhow::anyhow!("{}", e.message))?;
+    let decide = || router::decide(&node, body.as_bytes(), &signals, "bench".into(), 0);
+    let features = decide()
+        .await
+        .map_err(|e| anyhow::anyhow!("the bench request was refused: {e:?}"))?
+        .features()
+        .clone();
     let mut calls = Vec::with_capacity(options.policy_calls as usize);
     for _ in 0..options.policy_calls {
         let t = Instant::now();
@@ -311,31 +305,16 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
             / 1024
     );
 
-    // Everything the host does before a target runs: parse, features
-    // (tokenizing the prompt with the local model), policy, guard.
-    let local_models = node.local.model_names();
-    let upstreams = node.cloud.upstream_names();
-    let view = NodeView {
-        local_models: &local_models,
-        default_local: node.default_local_model(),
-        upstreams: &upstreams,
-        on_policy_failure: node.config.policy.on_failure,
-    };
+    // Everything the host does before a target runs: the pipeline's
+    // parse, features (tokenizing the prompt with the local model), policy
+    // and guard — `router::decide`, exactly as a request runs it.
     let mut overhead = Vec::with_capacity(options.policy_calls as usize);
     for _ in 0..options.policy_calls {
         let t = Instant::now();
-        let prepared = request::parse(body.as_bytes(), &node.config.limits, "bench".into(), 0)
-            .map_err(|e| anyhow::anyhow!("{}", e.message))?;
-        let features = features::extract(
-            &prepared,
-            &headers,
-            &node.config.guard,
-            &node.local,
-            &node.cloud,
-        )
-        .map_err(|e| anyhow::anyhow!("{}", e.message))?;
-        let (_, decision) = node.policy.route(&features).await;
-        std::hint::black_box(guard::place(decision, &features, &view));
+        let decided = decide()
+            .await
+            .map_err(|e| anyhow::anyhow!("the bench request was refused: {e:?}"))?;
+        std::hint::black_box(decided.placement());
         overhead.push(t.elapsed());
     }
     let overhead = Spread::of(overhead);

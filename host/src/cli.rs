@@ -3,8 +3,8 @@
 //! admin API.
 
 use crate::config::Config;
-use crate::conformance::{self, Targets};
 use crate::policy;
+use crate::policy::eval::conformance::{self, Targets};
 use anyhow::{Context, bail};
 use clap::Subcommand;
 use std::path::PathBuf;
@@ -113,8 +113,7 @@ async fn check(file: PathBuf, config: PathBuf, reference: bool, cases: u32) -> a
     let bytes = std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
     let engine = crate::runtime::engine()?;
     println!("checking {} ({} bytes)", file.display(), bytes.len());
-    let version =
-        policy::load_for_check(&engine, bytes, file.display().to_string(), &config.policy).await?;
+    let version = policy::admit(&engine, bytes, file.display().to_string(), &config.policy).await?;
     println!(
         "  ok   compiles, imports only what a policy may, implements the policy world, passes the probe ({:.1} ms)",
         version.load_ms

@@ -5,6 +5,8 @@
 //! behaves the same whatever directory it is started from.
 
 use anyhow::{Context, bail};
+pub use edgeroute_core::OnPolicyFailure;
+use edgeroute_core::Sensitivity;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -47,8 +49,10 @@ impl Default for AdminConfig {
 
 impl AdminConfig {
     pub fn token(&self) -> Option<String> {
+        // A token that is only whitespace would be guessable: it counts as unset.
         std::env::var(&self.token_env)
             .ok()
+            .map(|t| t.trim().to_string())
             .filter(|t| !t.is_empty())
     }
 }
@@ -118,15 +122,6 @@ pub struct UpstreamConfig {
     pub usd_per_mtok_out: f64,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum OnPolicyFailure {
-    /// Serve on the first local model (the guard still applies).
-    Local,
-    /// Answer 503.
-    Error,
-}
-
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PolicyConfig {
@@ -159,8 +154,9 @@ impl Default for PolicyConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GuardConfig {
-    /// Sensitivity levels that may never leave the node.
-    pub never_leave: Vec<String>,
+    /// Sensitivity levels that may never leave the node. An unknown level
+    /// is a config error naming it: a typo must not let data leave.
+    pub never_leave: Vec<Sensitivity>,
     /// Raise a request to `restricted` when the prompt looks like it holds
     /// personal data.
     pub detect_pii: bool,
@@ -169,9 +165,15 @@ pub struct GuardConfig {
 impl Default for GuardConfig {
     fn default() -> Self {
         Self {
-            never_leave: vec!["restricted".into()],
+            never_leave: vec![Sensitivity::Restricted],
             detect_pii: true,
         }
+    }
+}
+
+impl GuardConfig {
+    pub fn may_leave(&self, level: Sensitivity) -> bool {
+        !self.never_leave.contains(&level)
     }
 }
 
@@ -202,9 +204,13 @@ impl Config {
     pub fn load(path: &Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read config file {}", path.display()))?;
-        let mut config: Config = toml::from_str(&text)
-            .with_context(|| format!("invalid config file {}", path.display()))?;
-        let base = path.parent().unwrap_or(Path::new("."));
+        Self::parse(&text, path.parent().unwrap_or(Path::new(".")))
+            .with_context(|| format!("invalid config file {}", path.display()))
+    }
+
+    /// Parse and validate config text; relative paths resolve against `base`.
+    pub fn parse(text: &str, base: &Path) -> anyhow::Result<Self> {
+        let mut config: Config = toml::from_str(text)?;
         config.resolve_paths(base);
         config.validate()?;
         Ok(config)
@@ -267,5 +273,42 @@ impl Config {
 
     pub fn upstream(&self, name: &str) -> Option<&UpstreamConfig> {
         self.cloud.upstreams.iter().find(|u| u.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_misspelt_never_leave_level_refuses_to_start_and_names_it() {
+        let error =
+            Config::parse("[guard]\nnever_leave = [\"restriced\"]\n", Path::new(".")).unwrap_err();
+        let message = format!("{error:#}");
+        assert!(
+            message.contains("unknown sensitivity level 'restriced'"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn never_leave_takes_levels_in_any_case() {
+        let config = Config::parse(
+            "[guard]\nnever_leave = [\"Internal\", \"restricted\"]\n",
+            Path::new("."),
+        )
+        .unwrap();
+        assert!(config.guard.may_leave(Sensitivity::Public));
+        assert!(!config.guard.may_leave(Sensitivity::Internal));
+        assert!(!config.guard.may_leave(Sensitivity::Restricted));
+        assert!(!Config::default().guard.may_leave(Sensitivity::Restricted));
+    }
+
+    #[test]
+    fn unknown_fields_and_shared_names_are_errors() {
+        assert!(Config::parse("[guard]\nnever_leaves = []\n", Path::new(".")).is_err());
+        let twice = "[[local.models]]\nname = \"a\"\npath = \"m.gguf\"\n[[cloud.upstreams]]\nname = \"a\"\nbase_url = \"http://127.0.0.1:1/v1\"\nmodel = \"m\"\n";
+        let error = format!("{:#}", Config::parse(twice, Path::new("/etc")).unwrap_err());
+        assert!(error.contains("'a' is used twice"), "{error}");
     }
 }

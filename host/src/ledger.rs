@@ -2,6 +2,7 @@
 //! with what each placement cost and how long it took, so an operator can
 //! see what the router saves (`GET /ledger`).
 
+use edgeroute_core::{Prices, Sensitivity, Target, TargetKind, Usage};
 use serde::Serialize;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -9,12 +10,11 @@ use std::sync::Mutex;
 
 /// One finished request.
 pub struct Entry<'a> {
-    /// `local:NAME`, `cloud:NAME` or `none`.
-    pub served_by: &'a str,
-    pub sensitivity: &'a str,
+    /// None when the request was refused.
+    pub served_by: Option<&'a Target>,
+    pub sensitivity: Sensitivity,
     pub task: &'a str,
-    pub prompt_tokens: u32,
-    pub completion_tokens: u32,
+    pub usage: Usage,
     pub latency_ms: f64,
     pub cost_usd: f64,
 }
@@ -32,8 +32,8 @@ impl Aggregate {
     fn add(&mut self, e: &Entry) {
         self.requests += 1;
         self.latency_ms_total += e.latency_ms;
-        self.prompt_tokens += e.prompt_tokens as u64;
-        self.completion_tokens += e.completion_tokens as u64;
+        self.prompt_tokens += e.usage.prompt_tokens as u64;
+        self.completion_tokens += e.usage.completion_tokens as u64;
         self.cost_usd += e.cost_usd;
     }
 
@@ -53,7 +53,7 @@ struct Bucket {
 struct Key {
     length: &'static str,
     task: String,
-    sensitivity: String,
+    sensitivity: &'static str,
 }
 
 fn length_bucket(tokens: u32) -> &'static str {
@@ -62,21 +62,6 @@ fn length_bucket(tokens: u32) -> &'static str {
         64..256 => "64-255",
         256..1024 => "256-1023",
         _ => "1024+",
-    }
-}
-
-/// Prices of the reference cloud upstream, to value local work.
-#[derive(Clone, Copy, Default)]
-pub struct Prices {
-    pub usd_per_mtok_in: f64,
-    pub usd_per_mtok_out: f64,
-}
-
-impl Prices {
-    pub fn cost(&self, prompt_tokens: u32, completion_tokens: u32) -> f64 {
-        (prompt_tokens as f64 * self.usd_per_mtok_in
-            + completion_tokens as f64 * self.usd_per_mtok_out)
-            / 1e6
     }
 }
 
@@ -95,22 +80,22 @@ impl Ledger {
 
     pub fn record(&self, entry: Entry) {
         let key = Key {
-            length: length_bucket(entry.prompt_tokens),
+            length: length_bucket(entry.usage.prompt_tokens),
             task: if entry.task.is_empty() {
                 "-".into()
             } else {
                 entry.task.to_string()
             },
-            sensitivity: entry.sensitivity.to_string(),
+            sensitivity: entry.sensitivity.name(),
         };
         let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
         let bucket = buckets.entry(key).or_default();
-        if entry.served_by.starts_with("local:") {
-            bucket.local.add(&entry);
-        } else if entry.served_by.starts_with("cloud:") {
-            bucket.cloud.add(&entry);
-        } else {
-            bucket.refused += 1;
+        match entry.served_by.map(Target::kind) {
+            Some(TargetKind::Local) => bucket.local.add(&entry),
+            // A peer is another node's local model, but it is off this
+            // node: until the fleet has its own column it counts as cloud.
+            Some(TargetKind::Cloud | TargetKind::Peer) => bucket.cloud.add(&entry),
+            None => bucket.refused += 1,
         }
     }
 
@@ -122,10 +107,10 @@ impl Ledger {
         let mut rows = Vec::new();
         let (mut spent, mut avoided, mut saved_ms) = (0.0, 0.0, 0.0);
         for (key, b) in buckets.iter() {
-            let cost_avoided = self.reference.cost(
-                b.local.prompt_tokens as u32,
-                b.local.completion_tokens as u32,
-            );
+            let cost_avoided = self.reference.cost(Usage {
+                prompt_tokens: b.local.prompt_tokens as u32,
+                completion_tokens: b.local.completion_tokens as u32,
+            });
             let latency_saved_ms = match (b.local.mean_latency_ms(), b.cloud.mean_latency_ms()) {
                 (Some(l), Some(c)) => Some((c - l) * b.local.requests as f64),
                 _ => None,
@@ -155,13 +140,15 @@ impl Ledger {
 mod tests {
     use super::*;
 
-    fn entry(served_by: &str, latency_ms: f64, cost_usd: f64) -> Entry<'_> {
+    fn entry(served_by: Option<&Target>, latency_ms: f64, cost_usd: f64) -> Entry<'_> {
         Entry {
             served_by,
-            sensitivity: "public",
+            sensitivity: Sensitivity::Public,
             task: "classify",
-            prompt_tokens: 10,
-            completion_tokens: 5,
+            usage: Usage {
+                prompt_tokens: 10,
+                completion_tokens: 5,
+            },
             latency_ms,
             cost_usd,
         }
@@ -173,10 +160,14 @@ mod tests {
             usd_per_mtok_in: 1.0,
             usd_per_mtok_out: 2.0,
         });
-        ledger.record(entry("local:smollm2", 100.0, 0.0));
-        ledger.record(entry("local:smollm2", 300.0, 0.0));
-        ledger.record(entry("cloud:frontier", 900.0, 0.5));
-        ledger.record(entry("none", 1.0, 0.0));
+        let (local, cloud) = (
+            Target::Local("smollm2".into()),
+            Target::Cloud("frontier".into()),
+        );
+        ledger.record(entry(Some(&local), 100.0, 0.0));
+        ledger.record(entry(Some(&local), 300.0, 0.0));
+        ledger.record(entry(Some(&cloud), 900.0, 0.5));
+        ledger.record(entry(None, 1.0, 0.0));
         let s = ledger.summary();
         let row = &s["buckets"][0];
         assert_eq!(row["local"]["requests"], 2);

@@ -3,26 +3,24 @@
 //! local model (llama.cpp through wasi-nn) or a cloud upstream (through a
 //! wasi:http component), and a guard in the host keeps sensitive data local.
 //!
-//! Follow a request by module: `api` → `features` → `policy` → `guard` →
-//! `targets` (`local` / `cloud`, with `nn` and `egress` under them) → `ledger`.
+//! Follow a request by module: `api` (HTTP only) → `router` (the pipeline:
+//! `request` → `features` → `policy` → the guard in `edgeroute_core` →
+//! `targets` (`local` / `cloud`, with `nn` and `egress` under them) →
+//! `ledger`). The vocabulary they share is the `edgeroute_core` crate.
 
 pub mod api;
 pub mod bench;
 pub mod bindings;
-pub mod capabilities;
 pub mod cli;
 pub mod components;
 pub mod config;
-pub mod conformance;
 pub mod egress;
-pub mod features;
-pub mod guard;
 pub mod ledger;
 pub mod nn;
 pub mod node;
 pub mod pii;
 pub mod policy;
 pub mod reload;
+pub mod router;
 pub mod runtime;
-pub mod shadow;
 pub mod targets;

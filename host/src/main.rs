@@ -1,4 +1,5 @@
 use anyhow::Context;
+use axum::serve::ListenerExt;
 use clap::{Parser, Subcommand};
 use edgeroute::config::Config;
 use edgeroute::node::Node;
@@ -122,6 +123,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 },
             );
             edgeroute::reload::spawn(&node);
+            // No Nagle: the first SSE chunk must not wait for a delayed ACK.
+            let listener = listener.tap_io(|tcp| {
+                if let Err(error) = tcp.set_nodelay(true) {
+                    tracing::debug!(%error, "could not set TCP_NODELAY");
+                }
+            });
             axum::serve(listener, edgeroute::api::router(node.clone()))
                 .with_graceful_shutdown(shutdown())
                 .await?;

@@ -2,19 +2,23 @@
 //! request handlers.
 
 use crate::config::Config;
-use crate::ledger::{Ledger, Prices};
+use crate::ledger::Ledger;
 use crate::nn::{LoadedModel, RuntimeParams};
 use crate::policy::PolicyHost;
+use crate::policy::eval::shadow::ShadowSlot;
 use crate::targets::cloud::CloudTarget;
 use crate::targets::local::LocalTarget;
 use crate::{components, runtime};
 use anyhow::bail;
+use edgeroute_core::Prices;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub struct Node {
     pub config: Config,
     pub policy: PolicyHost,
+    /// A candidate policy that sees live features but never decides.
+    pub shadow: ShadowSlot,
     pub local: LocalTarget,
     pub cloud: CloudTarget,
     pub ledger: Ledger,
@@ -93,6 +97,7 @@ impl Node {
             .unwrap_or_default();
         Ok(Arc::new(Node {
             policy,
+            shadow: ShadowSlot::default(),
             local,
             cloud,
             ledger: Ledger::new(reference),

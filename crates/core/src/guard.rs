@@ -265,7 +265,10 @@ mod tests {
     fn restricted_never_goes_off_node_even_when_the_policy_says_so() {
         let (local, ups) = (names(&["smollm2"]), names(&["frontier"]));
         let node = view(&local, &ups, OnPolicyFailure::Local);
-        for target in [Target::Cloud("frontier".into()), Target::Peer("edge-2".into())] {
+        for target in [
+            Target::Cloud("frontier".into()),
+            Target::Peer("edge-2".into()),
+        ] {
             let placed = place(Ok(Decision::run(target, "p")), &RESTRICTED, &node);
             assert!(
                 matches!(&placed, Placement::Run { target: Target::Local(m), reason }
@@ -298,7 +301,10 @@ mod tests {
         let node = view(&local, &ups, OnPolicyFailure::Local);
         for (failure, code) in [
             (LocalFailure::Busy { queue: 8 }, "local_busy"),
-            (LocalFailure::Unavailable("gone".into()), "local_unavailable"),
+            (
+                LocalFailure::Unavailable("gone".into()),
+                "local_unavailable",
+            ),
             (
                 LocalFailure::TooLong {
                     prompt_tokens: 5000,

@@ -44,7 +44,10 @@ impl fmt::Display for Refusal {
                 write!(f, "the routing policy refused this request: {message}")
             }
             Refusal::PolicyFailed { why } => {
-                write!(f, "the routing policy failed ({why}) and the node is set to refuse")
+                write!(
+                    f,
+                    "the routing policy failed ({why}) and the node is set to refuse"
+                )
             }
             Refusal::LocalUnavailable { sensitivity } => write!(
                 f,

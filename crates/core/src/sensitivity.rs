@@ -186,7 +186,10 @@ mod tests {
 
     #[test]
     fn client_labels_fail_closed_config_labels_fail_loudly() {
-        assert_eq!(Sensitivity::from_client_label(" PUBLIC "), Sensitivity::Public);
+        assert_eq!(
+            Sensitivity::from_client_label(" PUBLIC "),
+            Sensitivity::Public
+        );
         assert_eq!(
             Sensitivity::from_client_label("restriced"),
             Sensitivity::Restricted
@@ -209,7 +212,10 @@ mod tests {
         let error = toml::from_str::<Guard>(r#"never_leave = ["internal", "restriced"]"#)
             .unwrap_err()
             .to_string();
-        assert!(error.contains("unknown sensitivity level 'restriced'"), "{error}");
+        assert!(
+            error.contains("unknown sensitivity level 'restriced'"),
+            "{error}"
+        );
         let ok: Guard = toml::from_str(r#"never_leave = ["Restricted"]"#).unwrap();
         assert_eq!(ok.never_leave, vec![Sensitivity::Restricted]);
     }

@@ -23,6 +23,16 @@ pub fn routes() -> Router<Arc<Node>> {
         )
 }
 
+/// The token of an `Authorization: Bearer TOKEN` value; the scheme name is
+/// case-insensitive (RFC 9110 §11.1).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
+        .filter(|t| !t.is_empty())
+}
+
 fn authorize(node: &Node, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(expected) = &node.admin_token else {
         return Err(ApiError::new(
@@ -38,7 +48,7 @@ fn authorize(node: &Node, headers: &HeaderMap) -> Result<(), ApiError> {
     let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(bearer_token);
     // Compare without an early exit so timing does not reveal the prefix.
     let matches = given.is_some_and(|g| {
         g.len() == expected.len()
@@ -72,7 +82,7 @@ async fn show(State(node): State<Arc<Node>>, headers: HeaderMap) -> Result<Json<
     Ok(Json(json!({
         "active": node.policy.current().describe(),
         "previous": node.policy.previous().iter().rev().map(|v| v.describe()).collect::<Vec<_>>(),
-        "shadow": node.policy.shadow.get().map(|s| s.version.describe()),
+        "shadow": node.shadow.get().map(|s| s.version.describe()),
     })))
 }
 
@@ -133,8 +143,8 @@ async fn shadow_start(
         .prepare(bytes, "admin:shadow".into())
         .await
         .map_err(refused)?;
-    node.policy.shadow.set(Some(version));
-    Ok(Json(node.policy.shadow.summary()))
+    node.shadow.set(Some(version));
+    Ok(Json(node.shadow.summary()))
 }
 
 async fn shadow_stop(
@@ -142,8 +152,8 @@ async fn shadow_stop(
     headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
     authorize(&node, &headers)?;
-    let summary = node.policy.shadow.summary();
-    node.policy.shadow.set(None);
+    let summary = node.shadow.summary();
+    node.shadow.set(None);
     Ok(Json(summary))
 }
 
@@ -152,5 +162,20 @@ async fn shadow_summary(
     headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
     authorize(&node, &headers)?;
-    Ok(Json(node.policy.shadow.summary()))
+    Ok(Json(node.shadow.summary()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bearer_token;
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive_and_needs_a_token() {
+        assert_eq!(bearer_token("Bearer abc"), Some("abc"));
+        assert_eq!(bearer_token("bearer abc"), Some("abc"));
+        assert_eq!(bearer_token("BEARER  abc "), Some("abc"));
+        assert_eq!(bearer_token("Basic abc"), None);
+        assert_eq!(bearer_token("Bearer "), None);
+        assert_eq!(bearer_token("abc"), None);
+    }
 }

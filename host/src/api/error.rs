@@ -1,6 +1,8 @@
 //! Errors as OpenAI-style JSON, so SDKs surface our message verbatim.
 
 use super::openai::error_body;
+use crate::router::{Failure, Invalid, InvalidKind, Route};
+use crate::targets::TargetFailure;
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -14,7 +16,7 @@ pub struct ApiError {
     pub param: Option<&'static str>,
     /// Where the request was headed and why, when a decision was made.
     /// Boxed: errors travel in every `Result` of the request path.
-    pub route: Option<Box<(String, String)>>,
+    pub route: Option<Box<Route>>,
 }
 
 impl ApiError {
@@ -48,9 +50,81 @@ impl ApiError {
         self
     }
 
-    pub fn routed(mut self, target: impl Into<String>, reason: impl Into<String>) -> Self {
-        self.route = Some(Box::new((target.into(), reason.into())));
+    pub fn routed(mut self, route: Route) -> Self {
+        self.route = Some(Box::new(route));
         self
+    }
+}
+
+/// The one place where the pipeline's failures become HTTP statuses and
+/// OpenAI error types.
+impl From<Failure> for ApiError {
+    fn from(failure: Failure) -> Self {
+        use edgeroute_core::Refusal;
+        match failure {
+            Failure::Invalid(invalid) => invalid.into(),
+            Failure::Refused { refused, route } => {
+                let (status, kind) = match refused.cause {
+                    Refusal::PolicyRejected { .. } => (StatusCode::FORBIDDEN, "permission_error"),
+                    Refusal::PromptTooLong { .. } => {
+                        (StatusCode::BAD_REQUEST, "invalid_request_error")
+                    }
+                    Refusal::PolicyFailed { .. }
+                    | Refusal::LocalUnavailable { .. }
+                    | Refusal::LocalBusy { .. }
+                    | Refusal::NoTarget { .. } => (StatusCode::SERVICE_UNAVAILABLE, "server_error"),
+                };
+                ApiError::new(
+                    status,
+                    kind,
+                    refused.cause.code(),
+                    refused.cause.to_string(),
+                )
+                .routed(route)
+            }
+            Failure::Target { failure, route } => {
+                let (status, code) = match &failure {
+                    TargetFailure::Busy(_) => (StatusCode::SERVICE_UNAVAILABLE, "local_busy"),
+                    TargetFailure::Unavailable(_) => {
+                        (StatusCode::SERVICE_UNAVAILABLE, "target_unavailable")
+                    }
+                    TargetFailure::BadRequest(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
+                    TargetFailure::Upstream(_) => (StatusCode::BAD_GATEWAY, "upstream_error"),
+                    TargetFailure::Timeout(_) => (StatusCode::GATEWAY_TIMEOUT, "upstream_timeout"),
+                    TargetFailure::Internal(_) => {
+                        (StatusCode::INTERNAL_SERVER_ERROR, "target_failed")
+                    }
+                };
+                let kind = if status == StatusCode::BAD_REQUEST {
+                    "invalid_request_error"
+                } else {
+                    "server_error"
+                };
+                let served_by = route
+                    .target
+                    .as_ref()
+                    .map_or_else(|| "none".to_string(), ToString::to_string);
+                ApiError::new(status, kind, code, format!("{served_by}: {failure}")).routed(route)
+            }
+        }
+    }
+}
+
+impl From<Invalid> for ApiError {
+    fn from(invalid: Invalid) -> Self {
+        let error = match invalid.kind {
+            InvalidKind::Request => ApiError::bad_request(invalid.message),
+            InvalidKind::UnknownModel => ApiError::new(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                "model_not_found",
+                invalid.message,
+            ),
+        };
+        match invalid.param {
+            Some(param) => error.param(param),
+            None => error,
+        }
     }
 }
 
@@ -62,8 +136,7 @@ impl IntoResponse for ApiError {
         }
         let mut response = (self.status, Json(body)).into_response();
         if let Some(route) = self.route {
-            let (target, reason) = *route;
-            super::set_route_headers(response.headers_mut(), &target, &reason);
+            super::set_route_headers(response.headers_mut(), &route);
         }
         response
     }

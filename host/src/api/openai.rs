@@ -1,82 +1,9 @@
-//! OpenAI chat-completions wire format: what clients send and what they
-//! get back, including the streaming chunk shape and the error envelope.
+//! OpenAI chat-completions wire format of what clients get back: the
+//! completion, the streaming chunk shape and the error envelope. What they
+//! send is parsed by `router::request`.
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::{Value, json};
-
-#[derive(Debug, Deserialize)]
-pub struct ChatCompletionRequest {
-    pub model: String,
-    pub messages: Vec<ChatMessage>,
-    #[serde(default)]
-    pub max_tokens: Option<u32>,
-    /// The newer name for `max_tokens`.
-    #[serde(default)]
-    pub max_completion_tokens: Option<u32>,
-    #[serde(default)]
-    pub temperature: Option<f32>,
-    #[serde(default)]
-    pub top_p: Option<f32>,
-    #[serde(default)]
-    pub seed: Option<u64>,
-    #[serde(default)]
-    pub stream: bool,
-    #[serde(default)]
-    pub stream_options: Option<StreamOptions>,
-    #[serde(default)]
-    pub n: Option<u32>,
-    /// edgeroute reads `sensitivity`, `task` and `latency_budget_ms` here.
-    #[serde(default)]
-    pub metadata: Option<serde_json::Map<String, Value>>,
-}
-
-#[derive(Debug, Deserialize)]
-pub struct StreamOptions {
-    #[serde(default)]
-    pub include_usage: bool,
-}
-
-#[derive(Debug, Deserialize)]
-pub struct ChatMessage {
-    pub role: String,
-    #[serde(default)]
-    pub content: Option<Content>,
-}
-
-/// A message's content: a string, or a list of parts of which edgeroute
-/// serves the text ones.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub enum Content {
-    Text(String),
-    Parts(Vec<ContentPart>),
-}
-
-#[derive(Debug, Deserialize)]
-pub struct ContentPart {
-    #[serde(rename = "type")]
-    pub kind: String,
-    #[serde(default)]
-    pub text: Option<String>,
-}
-
-impl ChatMessage {
-    /// The message's text, or why it has none edgeroute can serve.
-    pub fn text(&self) -> Result<String, String> {
-        match &self.content {
-            None => Ok(String::new()),
-            Some(Content::Text(text)) => Ok(text.clone()),
-            Some(Content::Parts(parts)) => parts
-                .iter()
-                .map(|part| match (part.kind.as_str(), &part.text) {
-                    ("text", Some(text)) => Ok(text.as_str()),
-                    (kind, _) => Err(format!("content part of type '{kind}' is not supported")),
-                })
-                .collect::<Result<Vec<_>, _>>()
-                .map(|texts| texts.join("")),
-        }
-    }
-}
 
 /// The error envelope OpenAI clients parse.
 pub fn error_body(message: &str, kind: &str, code: &str) -> Value {

@@ -1,77 +1,82 @@
-//! What the policy gets to see of a request: sizes, sensitivity, task,
-//! budget and load — never the prompt text itself.
+//! Features, the pipeline's second step: what the policy gets to see of a
+//! request (sizes, sensitivity, task, budget, load — never the prompt text
+//! itself), and the facts the guard judges it by.
+//!
+//! Sensitivity is collected from every place a level can come from (each
+//! value of each sensitivity header, `metadata.sensitivity`, detection) into
+//! one [`SensitivitySet`]; the most restrictive level wins.
 
-use crate::api::error::ApiError;
-use crate::api::request::Prepared;
-use crate::bindings::policy::{Features, Sensitivity};
+use super::request::{Invalid, Prepared};
+use crate::bindings::policy::Features;
 use crate::config::GuardConfig;
 use crate::pii;
+use crate::policy::convert;
 use crate::targets::cloud::CloudTarget;
 use crate::targets::local::LocalTarget;
-use axum::http::HeaderMap;
+use edgeroute_core::guard::Facts;
+use edgeroute_core::{Sensitivity, SensitivitySet, Source};
 
-pub const SENSITIVITY_HEADER: &str = "x-edgeroute-sensitivity";
-pub const LATENCY_BUDGET_HEADER: &str = "x-edgeroute-latency-budget-ms";
-
-pub fn sensitivity_name(s: Sensitivity) -> &'static str {
-    match s {
-        Sensitivity::Public => "public",
-        Sensitivity::Internal => "internal",
-        Sensitivity::Restricted => "restricted",
-    }
+/// Request-level signals that travel outside the body (HTTP headers).
+#[derive(Debug, Clone, Default)]
+pub struct Signals {
+    /// Every value of every sensitivity header, in order; `None` for a
+    /// value that is not text (it counts as restricted).
+    pub sensitivity: Vec<Option<String>>,
+    /// The latency budget header, if sent.
+    pub latency_budget_ms: Option<String>,
 }
 
-/// Unknown labels count as the most sensitive: a typo must not leak data.
-fn parse_sensitivity(label: &str) -> Sensitivity {
-    match label.trim().to_ascii_lowercase().as_str() {
-        "public" => Sensitivity::Public,
-        "internal" => Sensitivity::Internal,
-        _ => Sensitivity::Restricted,
-    }
+/// What the policy sees, and what the guard judges.
+pub struct Extracted {
+    pub features: Features,
+    pub sensitivity: SensitivitySet,
+    pub facts: Facts,
 }
 
-fn rank(s: Sensitivity) -> u8 {
-    match s {
-        Sensitivity::Public => 0,
-        Sensitivity::Internal => 1,
-        Sensitivity::Restricted => 2,
+/// Every declared and detected level of a request.
+pub fn collect_sensitivity(
+    request: &Prepared,
+    signals: &Signals,
+    guard: &GuardConfig,
+) -> SensitivitySet {
+    let mut set = SensitivitySet::new();
+    for value in &signals.sensitivity {
+        match value {
+            // A header line may itself be a list ("public, restricted"),
+            // the same as repeating the header.
+            Some(text) => {
+                for label in text.split(',') {
+                    set.add(Source::Header, Sensitivity::from_client_label(label));
+                }
+            }
+            None => set.add(Source::Header, Sensitivity::Restricted),
+        }
     }
-}
-
-/// The declared sensitivity: the higher of header and `metadata.sensitivity`;
-/// public when neither is given.
-fn declared(headers: &HeaderMap, request: &Prepared) -> Sensitivity {
-    let from_header = headers
-        .get(SENSITIVITY_HEADER)
-        .map(|value| match value.to_str() {
-            Ok(label) => parse_sensitivity(label),
-            Err(_) => Sensitivity::Restricted,
-        });
-    let from_body = request
-        .metadata
-        .get("sensitivity")
-        .map(|value| match value.as_str() {
-            Some(label) => parse_sensitivity(label),
+    if let Some(value) = request.metadata.get("sensitivity") {
+        let level = match value.as_str() {
+            Some(label) => Sensitivity::from_client_label(label),
             None => Sensitivity::Restricted,
-        });
-    [from_header, from_body]
-        .into_iter()
-        .flatten()
-        .max_by_key(|s| rank(*s))
-        .unwrap_or(Sensitivity::Public)
-}
-
-pub fn may_leave(sensitivity: Sensitivity, guard: &GuardConfig) -> bool {
-    let name = sensitivity_name(sensitivity);
-    !guard
-        .never_leave
-        .iter()
-        .any(|level| level.eq_ignore_ascii_case(name))
+        };
+        set.add(Source::Body, level);
+    }
+    if guard.detect_pii {
+        let mut kinds: Vec<&'static str> = request
+            .messages
+            .iter()
+            .flat_map(|(_, text)| pii::detect(text))
+            .collect();
+        kinds.sort_unstable();
+        kinds.dedup();
+        for kind in kinds {
+            set.add(Source::Detected(kind), Sensitivity::Restricted);
+        }
+    }
+    set
 }
 
 /// Prompt tokens as the local model counts them (its chat template
 /// included); a byte estimate when no local model is loaded.
-fn prompt_tokens(request: &Prepared, local: &LocalTarget) -> Result<u32, ApiError> {
+fn prompt_tokens(request: &Prepared, local: &LocalTarget) -> Result<u32, Invalid> {
     let Some(model) = local
         .model_names()
         .first()
@@ -82,29 +87,14 @@ fn prompt_tokens(request: &Prepared, local: &LocalTarget) -> Result<u32, ApiErro
     };
     let prompt = model
         .render_chat(&request.messages)
-        .map_err(|e| ApiError::bad_request(format!("cannot format the messages: {e:#}")))?;
+        .map_err(|e| Invalid::request(format!("cannot format the messages: {e:#}")))?;
     Ok(model.tokenize(&prompt).len() as u32)
 }
 
-pub fn extract(
-    request: &Prepared,
-    headers: &HeaderMap,
-    guard: &GuardConfig,
-    local: &LocalTarget,
-    cloud: &CloudTarget,
-) -> Result<Features, ApiError> {
-    let mut sensitivity = declared(headers, request);
-    let pii_found = guard.detect_pii
-        && request
-            .messages
-            .iter()
-            .any(|(_, text)| !pii::detect(text).is_empty());
-    if pii_found {
-        sensitivity = Sensitivity::Restricted;
-    }
-    let latency_budget_ms = headers
-        .get(LATENCY_BUDGET_HEADER)
-        .and_then(|v| v.to_str().ok())
+fn latency_budget_ms(request: &Prepared, signals: &Signals) -> Option<u32> {
+    signals
+        .latency_budget_ms
+        .as_deref()
         .and_then(|v| v.trim().parse().ok())
         .or_else(|| {
             request
@@ -112,25 +102,97 @@ pub fn extract(
                 .get("latency_budget_ms")
                 .and_then(|v| v.as_u64())
                 .map(|v| v.min(u32::MAX as u64) as u32)
-        });
-    Ok(Features {
+        })
+}
+
+pub fn extract(
+    request: &Prepared,
+    signals: &Signals,
+    guard: &GuardConfig,
+    local: &LocalTarget,
+    cloud: &CloudTarget,
+) -> Result<Extracted, Invalid> {
+    let sensitivity = collect_sensitivity(request, signals, guard);
+    let level = sensitivity.level();
+    let facts = Facts {
+        sensitivity: level,
+        may_leave: guard.may_leave(level),
+    };
+    let features = Features {
         request_id: request.id.clone(),
         requested_model: request.requested_model.clone(),
         prompt_tokens: prompt_tokens(request, local)?,
         max_tokens: request.max_tokens,
-        sensitivity,
-        pii_detected: pii_found,
-        may_leave: may_leave(sensitivity, guard),
+        sensitivity: convert::sensitivity_to_wit(level),
+        pii_detected: sensitivity.detected().next().is_some(),
+        may_leave: facts.may_leave,
         task: request
             .metadata
             .get("task")
             .and_then(|v| v.as_str())
             .unwrap_or_default()
             .to_string(),
-        latency_budget_ms,
+        latency_budget_ms: latency_budget_ms(request, signals),
         stream: request.stream,
         local_queue_depth: local.queue_depth(),
         local_models: local.model_names(),
         cloud_upstreams: cloud.upstream_names(),
+    };
+    Ok(Extracted {
+        features,
+        sensitivity,
+        facts,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Limits;
+
+    fn request(metadata: &str) -> Prepared {
+        let body = format!(
+            r#"{{"model":"auto","messages":[{{"role":"user","content":"hello"}}],"metadata":{metadata}}}"#
+        );
+        super::super::request::parse(body.as_bytes(), &Limits::default(), "t".into(), 0).unwrap()
+    }
+
+    fn level(metadata: &str, headers: &[Option<&str>]) -> Sensitivity {
+        let signals = Signals {
+            sensitivity: headers.iter().map(|h| h.map(str::to_string)).collect(),
+            latency_budget_ms: None,
+        };
+        collect_sensitivity(&request(metadata), &signals, &GuardConfig::default()).level()
+    }
+
+    #[test]
+    fn repeated_or_listed_headers_cannot_lower_the_level() {
+        use Sensitivity::*;
+        assert_eq!(
+            level("{}", &[Some("public"), Some("restricted")]),
+            Restricted
+        );
+        assert_eq!(
+            level("{}", &[Some("restricted"), Some("public")]),
+            Restricted
+        );
+        assert_eq!(level("{}", &[Some("public, restricted")]), Restricted);
+        assert_eq!(level("{}", &[Some("internal"), None]), Restricted);
+        assert_eq!(level("{}", &[Some("public")]), Public);
+        assert_eq!(level("{}", &[]), Public);
+    }
+
+    #[test]
+    fn header_and_body_disagreeing_take_the_higher() {
+        use Sensitivity::*;
+        assert_eq!(
+            level(r#"{"sensitivity":"restricted"}"#, &[Some("public")]),
+            Restricted
+        );
+        assert_eq!(
+            level(r#"{"sensitivity":"public"}"#, &[Some("internal")]),
+            Internal
+        );
+        assert_eq!(level(r#"{"sensitivity":7}"#, &[Some("public")]), Restricted);
+    }
 }

@@ -1,10 +1,49 @@
-//! From raw body bytes to a validated chat request, with a clear 4xx for
-//! everything a client can get wrong.
+//! Parse + validate, the pipeline's first step: from raw body bytes (in
+//! OpenAI's chat-completions wire format) to a validated chat request, with
+//! a clear [`Invalid`] for everything a client can get wrong.
+//!
+//! The body is parsed strictly: a key that appears twice in any object is
+//! refused. A lenient parser keeps the first or the last duplicate, and a
+//! client that merges objects could then turn `"sensitivity":
+//! "restricted"` into `"public"` without anyone seeing it.
 
-use super::error::ApiError;
-use super::openai::ChatCompletionRequest;
 use crate::config::Limits;
+use serde::Deserialize;
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
+use std::fmt;
+
+/// A request the pipeline refuses before routing it (HTTP 4xx).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid {
+    pub kind: InvalidKind,
+    pub message: String,
+    /// The request field at fault, when there is one.
+    pub param: Option<&'static str>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InvalidKind {
+    /// Malformed or out-of-range input.
+    Request,
+    /// `model` names nothing on this node.
+    UnknownModel,
+}
+
+impl Invalid {
+    pub fn request(message: impl Into<String>) -> Self {
+        Self {
+            kind: InvalidKind::Request,
+            message: message.into(),
+            param: None,
+        }
+    }
+
+    pub fn param(mut self, param: &'static str) -> Self {
+        self.param = Some(param);
+        self
+    }
+}
 
 /// A chat request that passed validation.
 #[derive(Debug, Clone)]
@@ -24,46 +63,204 @@ pub struct Prepared {
     pub metadata: Map<String, Value>,
 }
 
+/// Parse JSON refusing duplicate keys anywhere, in the one pass that
+/// builds the value. serde_json keeps the last duplicate and has no option
+/// to refuse them, and no maintained crate does this for arbitrary JSON
+/// values, hence this small visitor.
+pub fn strict_json(body: &[u8]) -> Result<Value, Invalid> {
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let value = StrictValue
+        .deserialize(&mut deserializer)
+        .and_then(|value| deserializer.end().map(|()| value))
+        .map_err(|e| {
+            if e.is_syntax() || e.is_eof() {
+                Invalid::request(format!("the request body is not valid JSON: {e}"))
+            } else {
+                Invalid::request(format!("the request body is not acceptable JSON: {e}"))
+            }
+        })?;
+    Ok(value)
+}
+
+/// Deserialises any JSON value; objects with a repeated key are an error.
+struct StrictValue;
+
+impl<'de> DeserializeSeed<'de> for StrictValue {
+    type Value = Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for StrictValue {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_string()))
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element_seed(StrictValue)? {
+            items.push(item);
+        }
+        Ok(Value::Array(items))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut object = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if object.contains_key(&key) {
+                return Err(de::Error::custom(format_args!(
+                    "the key '{key}' appears twice in one object; send each key once"
+                )));
+            }
+            let value = map.next_value_seed(StrictValue)?;
+            object.insert(key, value);
+        }
+        Ok(Value::Object(object))
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ChatCompletionRequest {
+    pub model: String,
+    pub messages: Vec<ChatMessage>,
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
+    /// The newer name for `max_tokens`.
+    #[serde(default)]
+    pub max_completion_tokens: Option<u32>,
+    #[serde(default)]
+    pub temperature: Option<f32>,
+    #[serde(default)]
+    pub top_p: Option<f32>,
+    #[serde(default)]
+    pub seed: Option<u64>,
+    #[serde(default)]
+    pub stream: bool,
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    pub n: Option<u32>,
+    /// edgeroute reads `sensitivity`, `task` and `latency_budget_ms` here.
+    #[serde(default)]
+    pub metadata: Option<serde_json::Map<String, Value>>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<Content>,
+}
+
+/// A message's content: a string, or a list of parts of which edgeroute
+/// serves the text ones.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+impl ChatMessage {
+    /// The message's text, or why it has none edgeroute can serve.
+    pub fn text(&self) -> Result<String, String> {
+        match &self.content {
+            None => Ok(String::new()),
+            Some(Content::Text(text)) => Ok(text.clone()),
+            Some(Content::Parts(parts)) => parts
+                .iter()
+                .map(|part| match (part.kind.as_str(), &part.text) {
+                    ("text", Some(text)) => Ok(text.as_str()),
+                    (kind, _) => Err(format!("content part of type '{kind}' is not supported")),
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(|texts| texts.join("")),
+        }
+    }
+}
+
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
-pub fn parse(body: &[u8], limits: &Limits, id: String, created: u64) -> Result<Prepared, ApiError> {
+pub fn parse(body: &[u8], limits: &Limits, id: String, created: u64) -> Result<Prepared, Invalid> {
     if body.is_empty() {
-        return Err(ApiError::bad_request(
+        return Err(Invalid::request(
             "the request body is empty; send a JSON chat completion request",
         ));
     }
     if std::str::from_utf8(body).is_err() {
-        return Err(ApiError::bad_request("the request body is not valid UTF-8"));
+        return Err(Invalid::request("the request body is not valid UTF-8"));
     }
-    let request: ChatCompletionRequest = serde_json::from_slice(body).map_err(|e| {
-        if e.is_syntax() || e.is_eof() {
-            ApiError::bad_request(format!("the request body is not valid JSON: {e}"))
-        } else {
-            ApiError::bad_request(format!("invalid chat completion request: {e}"))
-        }
-    })?;
+    let value = strict_json(body)?;
+    let request = ChatCompletionRequest::deserialize(value)
+        .map_err(|e| Invalid::request(format!("invalid chat completion request: {e}")))?;
     if request.messages.is_empty() {
         return Err(
-            ApiError::bad_request("'messages' must contain at least one message").param("messages"),
+            Invalid::request("'messages' must contain at least one message").param("messages"),
         );
     }
     let mut messages = Vec::with_capacity(request.messages.len());
     for (i, message) in request.messages.iter().enumerate() {
         if !ROLES.contains(&message.role.as_str()) {
-            return Err(ApiError::bad_request(format!(
+            return Err(Invalid::request(format!(
                 "messages[{i}].role '{}' is not one of {}",
                 message.role,
                 ROLES.join(", ")
             ))
             .param("messages"));
         }
-        let text = message.text().map_err(|why| {
-            ApiError::bad_request(format!("messages[{i}]: {why}")).param("messages")
-        })?;
+        let text = message
+            .text()
+            .map_err(|why| Invalid::request(format!("messages[{i}]: {why}")).param("messages"))?;
         // llama.cpp's C API takes NUL-terminated strings.
         if text.contains('\0') {
             return Err(
-                ApiError::bad_request(format!("messages[{i}] contains a NUL character"))
+                Invalid::request(format!("messages[{i}] contains a NUL character"))
                     .param("messages"),
             );
         }
@@ -76,22 +273,20 @@ pub fn parse(body: &[u8], limits: &Limits, id: String, created: u64) -> Result<P
         messages.push((role.to_string(), text));
     }
     if messages.iter().all(|(_, text)| text.trim().is_empty()) {
-        return Err(ApiError::bad_request("every message is empty").param("messages"));
+        return Err(Invalid::request("every message is empty").param("messages"));
     }
     if let Some(n) = request.n
         && n != 1
     {
-        return Err(ApiError::bad_request("only n = 1 is supported").param("n"));
+        return Err(Invalid::request("only n = 1 is supported").param("n"));
     }
     let temperature = request.temperature.unwrap_or(1.0);
     if !(0.0..=2.0).contains(&temperature) {
-        return Err(
-            ApiError::bad_request("'temperature' must be between 0 and 2").param("temperature"),
-        );
+        return Err(Invalid::request("'temperature' must be between 0 and 2").param("temperature"));
     }
     let top_p = request.top_p.unwrap_or(1.0);
     if !(0.0..=1.0).contains(&top_p) || top_p == 0.0 {
-        return Err(ApiError::bad_request("'top_p' must be in (0, 1]").param("top_p"));
+        return Err(Invalid::request("'top_p' must be in (0, 1]").param("top_p"));
     }
     let max_tokens = request
         .max_completion_tokens
@@ -99,7 +294,7 @@ pub fn parse(body: &[u8], limits: &Limits, id: String, created: u64) -> Result<P
         .unwrap_or(256)
         .min(limits.max_completion_tokens);
     if max_tokens == 0 {
-        return Err(ApiError::bad_request("'max_tokens' must be at least 1").param("max_tokens"));
+        return Err(Invalid::request("'max_tokens' must be at least 1").param("max_tokens"));
     }
     Ok(Prepared {
         id,
@@ -114,4 +309,69 @@ pub fn parse(body: &[u8], limits: &Limits, id: String, created: u64) -> Result<P
         include_usage: request.stream_options.is_some_and(|o| o.include_usage),
         metadata: request.metadata.unwrap_or_default(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_body(body: &str) -> Result<Prepared, Invalid> {
+        parse(body.as_bytes(), &Limits::default(), "t".into(), 0)
+    }
+
+    #[test]
+    fn a_duplicated_key_anywhere_is_refused() {
+        for body in [
+            r#"{"model":"auto","model":"x","messages":[{"role":"user","content":"hi"}]}"#,
+            r#"{"model":"auto","messages":[{"role":"user","content":"hi"}],"metadata":{"sensitivity":"restricted","sensitivity":"public"}}"#,
+            r#"{"model":"auto","messages":[{"role":"user","content":"hi","content":"ho"}]}"#,
+        ] {
+            let error = parse_body(body).unwrap_err();
+            assert_eq!(error.kind, InvalidKind::Request);
+            assert!(error.message.contains("appears twice"), "{body}: {error:?}");
+        }
+    }
+
+    #[test]
+    fn a_valid_request_keeps_its_metadata() {
+        let prepared = parse_body(
+            r#"{"model":"auto","messages":[{"role":"developer","content":[{"type":"text","text":"be brief"}]},{"role":"user","content":"hi"}],"metadata":{"sensitivity":"restricted","task":"t"}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            prepared.messages[0],
+            ("system".to_string(), "be brief".to_string())
+        );
+        assert_eq!(prepared.metadata["sensitivity"], "restricted");
+    }
+
+    #[test]
+    fn bad_input_names_what_is_wrong() {
+        let cases = [
+            ("", "empty"),
+            ("{", "not valid JSON"),
+            (r#"{"model":"auto","messages":[]}"#, "at least one message"),
+            (
+                r#"{"model":"auto","messages":[{"role":"robot","content":"x"}]}"#,
+                "robot",
+            ),
+            (
+                r#"{"model":"auto","messages":[{"role":"user","content":"x"}],"temperature":3}"#,
+                "temperature",
+            ),
+            (
+                r#"{"model":"auto","messages":[{"role":"user","content":"x"}],"max_tokens":0}"#,
+                "max_tokens",
+            ),
+            (
+                r#"{"model":"auto","messages":[{"role":"user","content":"x"}]} trailing"#,
+                "JSON",
+            ),
+            (r#"{"messages":[{"role":"user","content":"x"}]}"#, "model"),
+        ];
+        for (body, needle) in cases {
+            let error = parse_body(body).unwrap_err();
+            assert!(error.message.contains(needle), "{body}: {error:?}");
+        }
+    }
 }

@@ -5,11 +5,12 @@
 //! that may not leave on a cloud target. `--reference` adds a table of the
 //! decisions the reference (default) policy gives, for ports of it.
 
-use crate::bindings::policy::{Features, Sensitivity, Target};
-use crate::config::OnPolicyFailure;
-use crate::guard::{self, NodeView, Placement};
+use crate::bindings::policy::{Features, Sensitivity};
 use crate::policy::PolicyVersion;
+use crate::policy::convert::{label, sensitivity_from_wit};
 use anyhow::bail;
+use edgeroute_core::guard::{self, Facts, NodeView, OnPolicyFailure, Placement};
+use edgeroute_core::{Choice, Target};
 
 /// The targets a node has, by name.
 pub struct Targets {
@@ -18,7 +19,7 @@ pub struct Targets {
 }
 
 /// Features with everything but the deciding fields at neutral values.
-pub(crate) fn features(
+pub fn features(
     prompt_tokens: u32,
     sensitivity: Sensitivity,
     may_leave: bool,
@@ -134,14 +135,6 @@ fn reference_table() -> Vec<(&'static str, Features, &'static str, &'static str)
     ]
 }
 
-fn target_label(target: &Target) -> String {
-    match target {
-        Target::Local(m) => format!("local:{m}"),
-        Target::Cloud(u) => format!("cloud:{u}"),
-        Target::Reject(_) => "reject".into(),
-    }
-}
-
 /// A small deterministic generator, so a failing case can be replayed.
 struct XorShift(u64);
 
@@ -212,10 +205,11 @@ pub async fn check(
     let mut record =
         |check: String, failure: Option<String>| findings.push(Finding { check, failure });
 
-    let known = |target: &Target| match target {
-        Target::Local(m) => targets.local.contains(m),
-        Target::Cloud(u) => targets.cloud.contains(u),
-        Target::Reject(_) => true,
+    let known = |choice: &Choice| match choice {
+        Choice::Run(Target::Local(m)) => targets.local.contains(m),
+        Choice::Run(Target::Cloud(u)) => targets.cloud.contains(u),
+        Choice::Run(Target::Peer(_)) => false,
+        Choice::Reject(_) => true,
     };
     let view = NodeView {
         local_models: &targets.local,
@@ -231,13 +225,16 @@ pub async fn check(
         let decision = version.route(&f).await;
         match &decision {
             Err(e) => failures.push(format!("case {i}: {e}")),
-            Ok(d) if !known(&d.target) => {
-                unknown.push(format!("case {i}: {}", target_label(&d.target)))
-            }
+            Ok(d) if !known(&d.choice) => unknown.push(format!("case {i}: {}", label(&decision))),
             Ok(_) => {}
         }
-        let placed = guard::place(decision, &f, &view);
-        if !f.may_leave && matches!(placed, Placement::Cloud { .. }) {
+        let facts = Facts {
+            sensitivity: sensitivity_from_wit(f.sensitivity),
+            may_leave: f.may_leave,
+        };
+        let placed = guard::place(decision, &facts, &view);
+        let off_node = matches!(&placed, Placement::Run { target, .. } if target.leaves_node());
+        if !f.may_leave && off_node {
             leaks.push(format!("case {i}: {placed:?}"));
         }
     }
@@ -258,11 +255,12 @@ pub async fn check(
 
     if reference {
         for (what, f, target, reason) in reference_table() {
-            let failure = match version.route(&f).await {
+            let decision = version.route(&f).await;
+            let failure = match &decision {
                 Err(e) => Some(e.to_string()),
-                Ok(d) if target_label(&d.target) != target || d.reason != reason => Some(format!(
+                Ok(d) if label(&decision) != target || d.reason != reason => Some(format!(
                     "expected {target} \"{reason}\", got {} \"{}\"",
-                    target_label(&d.target),
+                    label(&decision),
                     d.reason
                 )),
                 Ok(_) => None,

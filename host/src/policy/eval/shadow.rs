@@ -2,25 +2,13 @@
 //! its decisions are recorded, never acted on, so an operator can see where
 //! the two would disagree before promoting it.
 
-use crate::bindings::policy::{Decision, Features, Target};
-use crate::features::sensitivity_name;
-use crate::policy::{PolicyFailure, PolicyVersion};
+use crate::bindings::policy::Features;
+use crate::policy::PolicyVersion;
+use crate::policy::convert::{label, sensitivity_from_wit};
+use edgeroute_core::{Decision, PolicyFailure};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};
-
-/// A decision as a comparable label: `local:NAME`, `cloud:NAME`, `reject`
-/// or `failed`.
-pub fn label(decision: &Result<Decision, PolicyFailure>) -> String {
-    match decision {
-        Ok(d) => match &d.target {
-            Target::Local(m) => format!("local:{m}"),
-            Target::Cloud(u) => format!("cloud:{u}"),
-            Target::Reject(_) => "reject".into(),
-        },
-        Err(_) => "failed".into(),
-    }
-}
 
 #[derive(Default)]
 struct Tally {
@@ -67,7 +55,7 @@ impl ShadowSlot {
             t.agreed += agreed as u64;
             let by = t
                 .by_sensitivity
-                .entry(sensitivity_name(features.sensitivity))
+                .entry(sensitivity_from_wit(features.sensitivity).name())
                 .or_default();
             by.0 += 1;
             by.1 += agreed as u64;

@@ -1,0 +1,238 @@
+//! The policy host: the active version, the ones it replaced (for
+//! rollback), and swaps between them. Versions are swapped atomically: a
+//! request keeps the version that routed it, so in-flight work finishes on
+//! the old one. A version becomes active only after it was admitted:
+//! loaded, then probed as a step of its own.
+
+use super::eval::conformance;
+use super::persist::StateFile;
+use super::version::{PolicyVersion, Settings};
+use crate::bindings::policy::{Features, Outcome};
+use crate::config::PolicyConfig;
+use anyhow::Context;
+use edgeroute_core::{Decision, PolicyFailure};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+use wasmtime::Engine;
+
+/// How many replaced versions are kept for rollback.
+const HISTORY: usize = 8;
+
+/// Load a component and probe it: what a node does before a swap or a
+/// shadow run, and what `edgeroute policy check` does offline — one
+/// function, so the two refuse exactly the same components.
+pub async fn admit(
+    engine: &Engine,
+    bytes: Vec<u8>,
+    source: String,
+    config: &PolicyConfig,
+) -> anyhow::Result<Arc<PolicyVersion>> {
+    admit_with(engine, bytes, source, Settings::from_config(config), true).await
+}
+
+async fn admit_with(
+    engine: &Engine,
+    bytes: Vec<u8>,
+    source: String,
+    settings: Settings,
+    probe_required: bool,
+) -> anyhow::Result<Arc<PolicyVersion>> {
+    let started = Instant::now();
+    let version = PolicyVersion::load(engine, bytes, source, settings).await?;
+    if let Err(why) = conformance::probe(&version).await {
+        let why = why.context(format!("policy {} failed the probe", version.source));
+        if probe_required {
+            return Err(why);
+        }
+        // At start there is no earlier version to keep: serve, and let the
+        // guard's safe default answer whenever this policy fails.
+        tracing::warn!("{why:#}; it stays active and its failures get the safe default");
+    }
+    version.reset().await?;
+    tracing::debug!(id = %version.id, ms = started.elapsed().as_secs_f64() * 1e3, "policy admitted");
+    Ok(version)
+}
+
+pub struct PolicyHost {
+    engine: Engine,
+    settings: Settings,
+    current: RwLock<Arc<PolicyVersion>>,
+    previous: std::sync::Mutex<Vec<Arc<PolicyVersion>>>,
+    /// Swaps happen one at a time; requests never wait on this.
+    swapping: tokio::sync::Mutex<()>,
+    state: Option<StateFile>,
+}
+
+impl PolicyHost {
+    pub async fn new(
+        engine: &Engine,
+        config: &PolicyConfig,
+        state_dir: Option<PathBuf>,
+    ) -> anyhow::Result<Self> {
+        let settings = Settings::from_config(config);
+        let (bytes, source) = match &config.component {
+            Some(path) => (
+                std::fs::read(path)
+                    .with_context(|| format!("cannot read policy component {}", path.display()))?,
+                path.display().to_string(),
+            ),
+            None => (
+                crate::components::POLICY_DEFAULT.to_vec(),
+                "embedded:default".to_string(),
+            ),
+        };
+        // The node's first policy is kept even when its probe fails:
+        // there is nothing better to keep instead.
+        let version = admit_with(engine, bytes, source, settings.clone(), false).await?;
+        let state = state_dir.as_deref().map(StateFile::in_dir).transpose()?;
+        let host = Self {
+            engine: engine.clone(),
+            settings,
+            current: RwLock::new(version),
+            previous: Default::default(),
+            swapping: Default::default(),
+            state,
+        };
+        host.restore_persisted().await;
+        Ok(host)
+    }
+
+    pub fn current(&self) -> Arc<PolicyVersion> {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub fn previous(&self) -> Vec<Arc<PolicyVersion>> {
+        self.previous
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Admit a version from bytes without activating it (swap, shadow).
+    pub async fn prepare(
+        &self,
+        bytes: Vec<u8>,
+        source: String,
+    ) -> anyhow::Result<Arc<PolicyVersion>> {
+        admit_with(&self.engine, bytes, source, self.settings.clone(), true).await
+    }
+
+    /// Ask the active policy; the version is returned so the request can
+    /// report to the same one that decided.
+    pub async fn route(
+        &self,
+        features: &Features,
+    ) -> (Arc<PolicyVersion>, Result<Decision, PolicyFailure>) {
+        let version = self.current();
+        let decision = version.route(features).await;
+        (version, decision)
+    }
+
+    pub async fn observe(&self, version: &PolicyVersion, outcome: &Outcome) {
+        version.observe(outcome).await;
+        if version.stateful
+            && let Some(state) = &self.state
+        {
+            state.mark_dirty();
+        }
+    }
+
+    /// Admit `bytes` and make it the active policy, carrying state across
+    /// when both versions take part. A component that fails any check is
+    /// refused and the active one stays.
+    pub async fn swap(&self, bytes: Vec<u8>, source: String) -> anyhow::Result<Arc<PolicyVersion>> {
+        let _one_at_a_time = self.swapping.lock().await;
+        let next = self.prepare(bytes, source).await?;
+        self.activate(next).await;
+        Ok(self.current())
+    }
+
+    /// Go back to the version before the active one.
+    pub async fn rollback(&self) -> anyhow::Result<Arc<PolicyVersion>> {
+        let _one_at_a_time = self.swapping.lock().await;
+        let previous = self
+            .previous
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop()
+            .context("there is no previous policy version to roll back to")?;
+        let replaced = self.replace(previous.clone()).await;
+        // Rolling back is not a new version: don't offer the replaced one
+        // as the next rollback target.
+        self.previous
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|v| !Arc::ptr_eq(v, &replaced));
+        Ok(previous)
+    }
+
+    async fn activate(&self, next: Arc<PolicyVersion>) {
+        let replaced = self.replace(next).await;
+        let mut previous = self.previous.lock().unwrap_or_else(|p| p.into_inner());
+        previous.push(replaced);
+        if previous.len() > HISTORY {
+            previous.remove(0);
+        }
+    }
+
+    async fn replace(&self, next: Arc<PolicyVersion>) -> Arc<PolicyVersion> {
+        let old = self.current();
+        if let Some(state) = old.snapshot().await {
+            match next.restore(state).await {
+                Ok(()) => {
+                    tracing::info!(from = %old.id, to = %next.id, "policy state carried across the swap")
+                }
+                Err(why) => {
+                    tracing::info!(from = %old.id, to = %next.id, %why, "new policy did not take the old state")
+                }
+            }
+        }
+        let replaced = std::mem::replace(
+            &mut *self.current.write().unwrap_or_else(|p| p.into_inner()),
+            next.clone(),
+        );
+        tracing::info!(id = %next.id, source = %next.source, load_ms = next.load_ms, "policy swapped in");
+        if let Some(state) = &self.state {
+            state.mark_dirty();
+        }
+        self.persist().await;
+        replaced
+    }
+
+    /// Write the active policy's state to the state directory, if it has
+    /// state and changed since the last write.
+    pub async fn persist(&self) {
+        let Some(file) = &self.state else { return };
+        if !file.take_dirty() {
+            return;
+        }
+        if let Some(state) = self.current().snapshot().await {
+            file.write(&state).await;
+        }
+    }
+
+    async fn restore_persisted(&self) {
+        let Some(file) = &self.state else { return };
+        let Some(state) = file.read() else { return };
+        let current = self.current();
+        let path = file.path().display();
+        match current.restore(state).await {
+            Ok(()) => tracing::info!(%path, policy = %current.id, "policy state restored"),
+            Err(why) => tracing::info!(%path, %why, "persisted policy state not restored"),
+        }
+    }
+
+    pub fn failures(&self) -> u64 {
+        let previous: u64 = self
+            .previous()
+            .iter()
+            .map(|v| v.failures.load(Ordering::Relaxed))
+            .sum();
+        previous + self.current().failures.load(Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,300 @@
+//! One loaded policy component: compiled, checked against its role,
+//! instantiated and configured, with one live instance called under a
+//! deadline and a memory cap. A trap, timeout or out-of-memory costs the
+//! instance (rebuilt on the next call), never the node. A version knows
+//! nothing of probes, history or swaps: see `host` and `eval`.
+
+use super::convert;
+use crate::bindings::policy::{Features, Outcome, Policy, PolicyPre};
+use crate::config::PolicyConfig;
+use crate::runtime::roles::policy::PolicyState;
+use crate::runtime::roles::{self, Role};
+use crate::runtime::{self, EPOCH_TICK};
+use anyhow::Context;
+use edgeroute_core::{Decision, PolicyFailure};
+use sha2::{Digest, Sha256};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use wasmtime::component::{Instance, ResourceTable, TypedFunc};
+use wasmtime::{Engine, Store, Trap};
+
+/// What every version is run with (from `[policy]`).
+#[derive(Clone)]
+pub struct Settings {
+    params: Vec<(String, String)>,
+    deadline_ms: u64,
+    memory_limit: usize,
+}
+
+impl Settings {
+    pub fn from_config(config: &PolicyConfig) -> Self {
+        Self {
+            params: config.params.clone().into_iter().collect(),
+            deadline_ms: config.deadline_ms.max(1),
+            memory_limit: config.memory_limit_bytes,
+        }
+    }
+
+    fn deadline_ticks(&self) -> u64 {
+        (self.deadline_ms * 1000).div_ceil(EPOCH_TICK.as_micros() as u64)
+    }
+
+    /// Instantiation and `configure` run once per instance and, for an
+    /// interpreter-based policy, take milliseconds on a busy machine: they
+    /// get their own, larger budget than a `route` call.
+    fn start_ticks(&self) -> u64 {
+        let start_ms = self.deadline_ms.max(START_DEADLINE_MS);
+        (start_ms * 1000).div_ceil(EPOCH_TICK.as_micros() as u64)
+    }
+}
+
+/// Budget for instantiating a policy and running its `configure`.
+const START_DEADLINE_MS: u64 = 2_000;
+
+type SnapshotFn = TypedFunc<(), (Vec<u8>,)>;
+type RestoreFn = TypedFunc<(Vec<u8>,), (Result<(), String>,)>;
+
+struct Live {
+    store: Store<PolicyState>,
+    policy: Policy,
+    /// Present when the component exports the `stateful-policy` additions.
+    snapshot: Option<SnapshotFn>,
+    restore: Option<RestoreFn>,
+}
+
+/// One loaded policy component.
+pub struct PolicyVersion {
+    /// First 12 hex digits of the component's SHA-256.
+    pub id: String,
+    /// `embedded:default`, a file path, or `admin`.
+    pub source: String,
+    pub loaded_at_unix: u64,
+    pub size_bytes: usize,
+    /// Time to compile, check and configure it (and, once admitted, probe).
+    pub load_ms: f64,
+    pub stateful: bool,
+    pub calls: AtomicU64,
+    pub failures: AtomicU64,
+    /// Linear memory of the current instance, in bytes.
+    pub memory_bytes: AtomicUsize,
+    settings: Settings,
+    engine: Engine,
+    pre: PolicyPre<PolicyState>,
+    live: tokio::sync::Mutex<Option<Live>>,
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn content_id(bytes: &[u8]) -> String {
+    let digest = Sha256::digest(bytes);
+    digest.iter().take(6).map(|b| format!("{b:02x}")).collect()
+}
+
+impl PolicyVersion {
+    /// Compile, check imports and world, instantiate and configure.
+    /// Compilation runs on a blocking thread: it takes milliseconds for a
+    /// Rust policy and seconds for an interpreter-based one.
+    pub async fn load(
+        engine: &Engine,
+        bytes: Vec<u8>,
+        source: String,
+        settings: Settings,
+    ) -> anyhow::Result<Arc<Self>> {
+        let started = Instant::now();
+        let id = content_id(&bytes);
+        let size_bytes = bytes.len();
+        let component = {
+            let (engine, source) = (engine.clone(), source.clone());
+            tokio::task::spawn_blocking(move || {
+                roles::compile(&engine, &bytes, Role::Policy, &source)
+            })
+            .await??
+        };
+        let pre = roles::policy::linker(engine)?
+            .instantiate_pre(&component)
+            .and_then(PolicyPre::new)
+            .map_err(anyhow::Error::from)
+            .with_context(|| {
+                format!("{source} does not implement the edgeroute:routing/policy world")
+            })?;
+        let mut version = Self {
+            id,
+            source,
+            loaded_at_unix: unix_now(),
+            size_bytes,
+            load_ms: 0.0,
+            stateful: false,
+            calls: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            memory_bytes: AtomicUsize::new(0),
+            settings,
+            engine: engine.clone(),
+            pre,
+            live: tokio::sync::Mutex::new(None),
+        };
+        let live = version
+            .instantiate()
+            .await
+            .map_err(anyhow::Error::from)
+            .with_context(|| format!("policy {} failed to start", version.source))?;
+        version.stateful = live.snapshot.is_some() && live.restore.is_some();
+        *version.live.get_mut() = Some(live);
+        version.load_ms = started.elapsed().as_secs_f64() * 1e3;
+        Ok(Arc::new(version))
+    }
+
+    /// Start over on a fresh instance, forgetting every call so far: the
+    /// probe's calls must not become the policy's history (a bandit would
+    /// learn from them).
+    pub async fn reset(&self) -> anyhow::Result<()> {
+        let fresh = self.instantiate().await.map_err(anyhow::Error::from)?;
+        *self.live.lock().await = Some(fresh);
+        self.calls.store(0, Ordering::Relaxed);
+        Ok(())
+    }
+
+    async fn instantiate(&self) -> wasmtime::Result<Live> {
+        let mut store = Store::new(
+            &self.engine,
+            PolicyState {
+                wasi: runtime::wasi(&[]),
+                table: ResourceTable::new(),
+                limits: runtime::MemoryCap::new(self.settings.memory_limit),
+            },
+        );
+        store.limiter(|s| &mut s.limits);
+        store.epoch_deadline_trap();
+        store.set_epoch_deadline(self.settings.start_ticks());
+        let instance: Instance = self
+            .pre
+            .instance_pre()
+            .instantiate_async(&mut store)
+            .await?;
+        let policy = Policy::new(&mut store, &instance)?;
+        let snapshot = instance
+            .get_typed_func::<(), (Vec<u8>,)>(&mut store, "snapshot")
+            .ok();
+        let restore = instance
+            .get_typed_func::<(Vec<u8>,), (Result<(), String>,)>(&mut store, "restore")
+            .ok();
+        store.set_epoch_deadline(self.settings.start_ticks());
+        policy
+            .call_configure(&mut store, &self.settings.params)
+            .await?
+            .map_err(|message| {
+                wasmtime::format_err!("configure refused the parameters: {message}")
+            })?;
+        self.memory_bytes
+            .store(store.data().limits.current(), Ordering::Relaxed);
+        Ok(Live {
+            store,
+            policy,
+            snapshot,
+            restore,
+        })
+    }
+
+    /// Run `call` on the live instance (building one if the last trapped)
+    /// under the deadline; a failure discards the instance.
+    async fn with_live<R>(
+        &self,
+        call: impl AsyncFnOnce(&mut Live) -> wasmtime::Result<R>,
+    ) -> Result<R, PolicyFailure> {
+        let mut slot = self.live.lock().await;
+        if slot.is_none() {
+            match self.instantiate().await {
+                Ok(live) => *slot = Some(live),
+                Err(error) => return Err(self.failed(error)),
+            }
+        }
+        let live = slot.as_mut().expect("instantiated above");
+        live.store
+            .set_epoch_deadline(self.settings.deadline_ticks());
+        let result = call(live).await;
+        self.memory_bytes
+            .store(live.store.data().limits.current(), Ordering::Relaxed);
+        result.map_err(|error| {
+            // A trapped instance may hold broken state: start afresh.
+            *slot = None;
+            self.failed(error)
+        })
+    }
+
+    pub async fn route(&self, features: &Features) -> Result<Decision, PolicyFailure> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.with_live(async |live| live.policy.call_route(&mut live.store, features).await)
+            .await
+            .map(convert::decision_from_wit)
+    }
+
+    pub async fn observe(&self, outcome: &Outcome) {
+        if let Err(failure) = self
+            .with_live(async |live| live.policy.call_observe(&mut live.store, outcome).await)
+            .await
+        {
+            tracing::warn!(policy = %self.id, %failure, "policy observe failed");
+        }
+    }
+
+    /// The policy's own state, when it exports `snapshot`.
+    pub async fn snapshot(&self) -> Option<Vec<u8>> {
+        if !self.stateful {
+            return None;
+        }
+        self.with_live(async |live| match &live.snapshot {
+            Some(f) => f
+                .call_async(&mut live.store, ())
+                .await
+                .map(|(state,)| Some(state)),
+            None => Ok(None),
+        })
+        .await
+        .ok()
+        .flatten()
+    }
+
+    /// Hand state to the policy; `Err` says why it was not taken.
+    pub async fn restore(&self, state: Vec<u8>) -> Result<(), String> {
+        if !self.stateful {
+            return Err("the policy does not export restore".into());
+        }
+        self.with_live(async |live| match &live.restore {
+            Some(f) => f.call_async(&mut live.store, (state,)).await.map(|(r,)| r),
+            None => Ok(Err("the policy does not export restore".into())),
+        })
+        .await
+        .map_err(|failure| failure.to_string())?
+    }
+
+    fn failed(&self, error: wasmtime::Error) -> PolicyFailure {
+        self.failures.fetch_add(1, Ordering::Relaxed);
+        // The trap itself, not the wasm backtrace: this ends up in a header.
+        let failure = match error.downcast_ref::<Trap>() {
+            Some(Trap::Interrupt) => PolicyFailure::Timeout(self.settings.deadline_ms),
+            Some(trap) => PolicyFailure::Trap(trap.to_string()),
+            None => PolicyFailure::Trap(error.to_string()),
+        };
+        tracing::warn!(policy = %self.id, source = %self.source, %failure, "policy call failed");
+        failure
+    }
+
+    pub fn describe(&self) -> serde_json::Value {
+        serde_json::json!({
+            "id": self.id,
+            "source": self.source,
+            "loaded_at": self.loaded_at_unix,
+            "size_bytes": self.size_bytes,
+            "load_ms": self.load_ms,
+            "stateful": self.stateful,
+            "calls": self.calls.load(Ordering::Relaxed),
+            "failures": self.failures.load(Ordering::Relaxed),
+            "memory_bytes": self.memory_bytes.load(Ordering::Relaxed),
+        })
+    }
+}

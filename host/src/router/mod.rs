@@ -1,0 +1,449 @@
+//! The request pipeline, outside the HTTP layer:
+//!
+//! `request` (parse + validate) → `features` → policy → guard → dispatch
+//! (`run`) → account (ledger, the policy's `observe`).
+//!
+//! It returns domain results — a [`Served`] request (finished, or a stream
+//! to relay) or a [`Failure`] — that the API only renders as JSON or SSE.
+//! `edgeroute bench` runs the same [`decide`], and so will a replay.
+//! The guard (`edgeroute_core::guard`) is asked at every hop: the first
+//! placement and every fallback after a local failure.
+
+pub mod features;
+pub mod request;
+mod run;
+
+use crate::bindings::policy::{Features, Outcome};
+use crate::bindings::target::{ChatRequest, Completion, Message};
+use crate::node::Node;
+use crate::policy::PolicyVersion;
+use crate::targets::TargetFailure;
+use crate::targets::cloud::Taint;
+use edgeroute_core::guard::{self, Facts, LocalFailure, NodeView, Placement};
+use edgeroute_core::{Prices, Refused, Target, Usage};
+use features::Extracted;
+pub use features::Signals;
+pub use request::{Invalid, InvalidKind, Prepared};
+use run::{FirstEvent, Run};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Where a request ran (or was headed) and why.
+#[derive(Debug, Clone)]
+pub struct Route {
+    /// None when the request was refused before reaching any target.
+    pub target: Option<Target>,
+    pub reason: String,
+    /// The policy version that decided.
+    pub policy_id: Option<String>,
+}
+
+/// Why a request was not served.
+#[derive(Debug)]
+pub enum Failure {
+    /// The request itself is wrong (before any routing).
+    Invalid(Invalid),
+    /// The policy or the guard refused it.
+    Refused { refused: Refused, route: Route },
+    /// The target it was placed on failed before producing any text.
+    Target {
+        failure: TargetFailure,
+        route: Route,
+    },
+}
+
+/// A completion that ended.
+#[derive(Debug, Clone)]
+pub struct Finished {
+    pub text: String,
+    pub finish_reason: String,
+    pub usage: Usage,
+}
+
+/// A request being answered.
+pub struct Served {
+    pub id: String,
+    pub created: u64,
+    /// The client asked for server-sent events.
+    pub stream: bool,
+    pub include_usage: bool,
+    /// The model name the answer carries: the local model, or the
+    /// upstream's model for a cloud run.
+    pub model: String,
+    pub route: Route,
+    pub output: Output,
+}
+
+pub enum Output {
+    /// The target finished before any text was streamed.
+    Done(Finished),
+    /// Text is flowing; relay it with [`Stream::next`], then [`Stream::finish`].
+    /// Boxed: the stream carries the whole request context.
+    Streaming(Box<Stream>),
+}
+
+/// Everything the later steps need about one request.
+struct Context {
+    node: Arc<Node>,
+    /// The version that decided also receives `observe`.
+    policy: Arc<PolicyVersion>,
+    request: Prepared,
+    extracted: Extracted,
+    started: Instant,
+}
+
+/// A request after policy and guard, not yet dispatched.
+pub struct Decided {
+    ctx: Context,
+    placement: Placement,
+}
+
+impl Decided {
+    pub fn placement(&self) -> &Placement {
+        &self.placement
+    }
+
+    pub fn features(&self) -> &Features {
+        &self.ctx.extracted.features
+    }
+}
+
+/// Parse → features → policy → guard.
+pub async fn decide(
+    node: &Arc<Node>,
+    body: &[u8],
+    signals: &Signals,
+    id: String,
+    created: u64,
+) -> Result<Decided, Failure> {
+    let started = Instant::now();
+    let request =
+        request::parse(body, &node.config.limits, id, created).map_err(Failure::Invalid)?;
+    check_model(node, &request.requested_model).map_err(Failure::Invalid)?;
+    let extracted = features::extract(
+        &request,
+        signals,
+        &node.config.guard,
+        &node.local,
+        &node.cloud,
+    )
+    .map_err(Failure::Invalid)?;
+    let (policy, decision) = node.policy.route(&extracted.features).await;
+    node.shadow.compare(&extracted.features, &decision);
+    let ctx = Context {
+        node: node.clone(),
+        policy,
+        request,
+        extracted,
+        started,
+    };
+    let placement = ctx.with_view(|view| guard::place(decision, &ctx.extracted.facts, view));
+    Ok(Decided { ctx, placement })
+}
+
+/// The whole pipeline.
+pub async fn serve(
+    node: &Arc<Node>,
+    body: &[u8],
+    signals: &Signals,
+    id: String,
+    created: u64,
+) -> Result<Served, Failure> {
+    dispatch(decide(node, body, signals, id, created).await?).await
+}
+
+/// Run the placement; after a local failure ask the guard for the next
+/// hop. The guard never answers a local failure with another local run, so
+/// there are at most two hops.
+pub async fn dispatch(decided: Decided) -> Result<Served, Failure> {
+    let Decided { ctx, mut placement } = decided;
+    loop {
+        let (target, reason) = match placement {
+            Placement::Refuse(refused) => return Err(ctx.refused(refused).await),
+            Placement::Run { target, reason } => (target, reason),
+        };
+        if target.kind() == edgeroute_core::TargetKind::Local
+            && let Some(failure) = ctx.too_long_for_local()
+        {
+            placement = ctx.next_hop(&failure, &reason);
+            continue;
+        }
+        let mut run = Run::launch(&ctx.node, target, reason, ctx.chat_request(), ctx.taint());
+        let first = run.first_event().await;
+        if let (Target::Local(_), FirstEvent::Ended(Err(failure))) = (&run.target, &first) {
+            let local_failure = match failure {
+                TargetFailure::Busy(queue) => Some(LocalFailure::Busy { queue: *queue }),
+                TargetFailure::Unavailable(why) => Some(LocalFailure::Unavailable(why.clone())),
+                _ => None,
+            };
+            if let Some(local_failure) = local_failure {
+                placement = ctx.next_hop(&local_failure, &run.reason);
+                continue;
+            }
+        }
+        return ctx.answer(run, first).await;
+    }
+}
+
+/// `model` may name a configured local model, an upstream, or `auto`;
+/// where the request runs is the policy's call either way.
+fn check_model(node: &Node, model: &str) -> Result<(), Invalid> {
+    let known = model == "auto"
+        || node.config.local.models.iter().any(|m| m.name == model)
+        || node.cloud.upstream(model).is_some();
+    if known {
+        return Ok(());
+    }
+    Err(Invalid {
+        kind: InvalidKind::UnknownModel,
+        message: format!(
+            "the model '{model}' does not exist on this node; GET /v1/models lists the ones that do"
+        ),
+        param: Some("model"),
+    })
+}
+
+impl Context {
+    fn facts(&self) -> &Facts {
+        &self.extracted.facts
+    }
+
+    fn features(&self) -> &Features {
+        &self.extracted.features
+    }
+
+    fn with_view<R>(&self, f: impl FnOnce(&NodeView) -> R) -> R {
+        let local_models = self.node.local.model_names();
+        let upstreams = self.node.cloud.upstream_names();
+        f(&NodeView {
+            local_models: &local_models,
+            default_local: self.node.default_local_model(),
+            upstreams: &upstreams,
+            on_policy_failure: self.node.config.policy.on_failure,
+        })
+    }
+
+    fn next_hop(&self, failure: &LocalFailure, reason: &str) -> Placement {
+        self.with_view(|view| guard::after_local_failure(failure, reason, self.facts(), view))
+    }
+
+    /// The local model cannot take a prompt longer than its context.
+    fn too_long_for_local(&self) -> Option<LocalFailure> {
+        let context = self.node.config.local.context_size;
+        let prompt_tokens = self.features().prompt_tokens;
+        (prompt_tokens + 1 > context).then_some(LocalFailure::TooLong {
+            prompt_tokens,
+            context,
+        })
+    }
+
+    fn taint(&self) -> Taint {
+        Taint {
+            request_id: self.request.id.clone(),
+            may_leave: self.facts().may_leave,
+        }
+    }
+
+    fn chat_request(&self) -> ChatRequest {
+        let r = &self.request;
+        ChatRequest {
+            model: String::new(),
+            messages: r
+                .messages
+                .iter()
+                .map(|(role, content)| Message {
+                    role: role.clone(),
+                    content: content.clone(),
+                })
+                .collect(),
+            max_tokens: r.max_tokens,
+            temperature: r.temperature,
+            top_p: r.top_p,
+            seed: r.seed,
+            stream: r.stream,
+        }
+    }
+
+    fn route(&self, target: Option<Target>, reason: String) -> Route {
+        Route {
+            target,
+            reason,
+            policy_id: Some(self.policy.id.clone()),
+        }
+    }
+
+    /// The model name a run's answer carries.
+    fn model_label(&self, target: &Target) -> String {
+        match target {
+            Target::Cloud(name) => self
+                .node
+                .cloud
+                .upstream(name)
+                .map(|u| u.model.clone())
+                .unwrap_or_default(),
+            other => other.name().to_string(),
+        }
+    }
+
+    async fn refused(&self, refused: Refused) -> Failure {
+        self.account(None, false, Usage::default()).await;
+        let route = self.route(None, refused.reason.clone());
+        Failure::Refused { refused, route }
+    }
+
+    /// Local runs count prompt tokens the same way the features did; an
+    /// upstream's own count wins for cloud runs when it reports one.
+    fn finished(&self, completion: Completion) -> Finished {
+        let prompt_tokens = match completion.usage.prompt_tokens {
+            0 => self.features().prompt_tokens,
+            n => n,
+        };
+        Finished {
+            text: completion.text,
+            finish_reason: completion.finish_reason,
+            usage: Usage {
+                prompt_tokens,
+                completion_tokens: completion.usage.completion_tokens,
+            },
+        }
+    }
+
+    async fn answer(self, run: Run, first: FirstEvent) -> Result<Served, Failure> {
+        let route = self.route(Some(run.target.clone()), run.reason.clone());
+        let output = match first {
+            FirstEvent::Ended(Ok(completion)) => {
+                let finished = self.finished(completion);
+                self.account(Some(&run.target), true, finished.usage).await;
+                Output::Done(finished)
+            }
+            FirstEvent::Ended(Err(failure)) => {
+                self.account(Some(&run.target), false, Usage::default())
+                    .await;
+                return Err(Failure::Target { failure, route });
+            }
+            FirstEvent::Delta(delta) => {
+                return Ok(Served {
+                    id: self.request.id.clone(),
+                    created: self.request.created,
+                    stream: self.request.stream,
+                    include_usage: self.request.include_usage,
+                    model: self.model_label(&run.target),
+                    route,
+                    output: Output::Streaming(Box::new(Stream {
+                        pending: Some(delta),
+                        run,
+                        ctx: self,
+                    })),
+                });
+            }
+        };
+        Ok(Served {
+            id: self.request.id.clone(),
+            created: self.request.created,
+            stream: self.request.stream,
+            include_usage: self.request.include_usage,
+            model: self.model_label(&run.target),
+            route,
+            output,
+        })
+    }
+
+    /// Ledger entry and the policy's `observe`, once per request. Only a
+    /// cloud run that succeeded is charged: a failed call costs nothing.
+    async fn account(&self, served_by: Option<&Target>, ok: bool, usage: Usage) {
+        let latency_ms = self.started.elapsed().as_secs_f64() * 1e3;
+        let usage = Usage {
+            prompt_tokens: match usage.prompt_tokens {
+                0 => self.features().prompt_tokens,
+                n => n,
+            },
+            ..usage
+        };
+        let cost_usd = match served_by {
+            Some(Target::Cloud(name)) if ok => self
+                .node
+                .cloud
+                .upstream(name)
+                .map(|u| {
+                    Prices {
+                        usd_per_mtok_in: u.usd_per_mtok_in,
+                        usd_per_mtok_out: u.usd_per_mtok_out,
+                    }
+                    .cost(usage)
+                })
+                .unwrap_or(0.0),
+            _ => 0.0,
+        };
+        let sensitivity = self.facts().sensitivity;
+        self.node.ledger.record(crate::ledger::Entry {
+            served_by,
+            sensitivity,
+            task: &self.features().task,
+            usage,
+            latency_ms,
+            cost_usd,
+        });
+        let served = crate::policy::convert::served_by(served_by);
+        tracing::info!(
+            request_id = %self.request.id,
+            served_by = %served,
+            ok,
+            latency_ms = latency_ms as u64,
+            prompt_tokens = usage.prompt_tokens,
+            completion_tokens = usage.completion_tokens,
+            sensitivity = %self.extracted.sensitivity.explain(),
+            "request finished"
+        );
+        let outcome = Outcome {
+            request_id: self.request.id.clone(),
+            served_by: served,
+            ok,
+            latency_ms: latency_ms as u32,
+            prompt_tokens: usage.prompt_tokens,
+            completion_tokens: usage.completion_tokens,
+            cost_micro_usd: (cost_usd * 1e6) as u64,
+        };
+        self.node.policy.observe(&self.policy, &outcome).await;
+    }
+}
+
+/// A streamed answer: relay [`Stream::next`] until it returns `None` (or
+/// the client is gone), then [`Stream::finish`] accounts for the request.
+pub struct Stream {
+    ctx: Context,
+    run: Run,
+    pending: Option<String>,
+}
+
+impl Stream {
+    pub async fn next(&mut self) -> Option<String> {
+        match self.pending.take() {
+            Some(delta) => Some(delta),
+            None => self.run.deltas.recv().await,
+        }
+    }
+
+    /// Wait for the target's result. Dropping the text channel first tells
+    /// a target whose client went away to stop generating.
+    pub async fn finish(self: Box<Self>) -> Result<Finished, TargetFailure> {
+        let Stream { ctx, run, .. } = *self;
+        let Run {
+            target,
+            deltas,
+            mut task,
+            ..
+        } = run;
+        drop(deltas);
+        match run::join(&mut task).await {
+            Ok(completion) => {
+                let finished = ctx.finished(completion);
+                ctx.account(Some(&target), true, finished.usage).await;
+                Ok(finished)
+            }
+            Err(failure) => {
+                ctx.account(Some(&target), false, Usage::default()).await;
+                Err(failure)
+            }
+        }
+    }
+}

@@ -1,0 +1,89 @@
+//! A generation under way on one target: its text arrives on `deltas`, its
+//! result from `task`. The pipeline waits for the first event before it
+//! commits to an answer, so a target that fails before producing anything
+//! can still be followed by another hop (or a proper error status).
+
+use crate::bindings::target::{ChatRequest, Completion};
+use crate::node::Node;
+use crate::targets::cloud::Taint;
+use crate::targets::{Job, TargetFailure, TargetResult};
+use edgeroute_core::Target;
+use std::sync::Arc;
+use tokio::sync::mpsc::{self, UnboundedReceiver};
+use tokio::task::JoinHandle;
+
+pub(super) struct Run {
+    pub target: Target,
+    pub reason: String,
+    pub deltas: UnboundedReceiver<String>,
+    pub task: JoinHandle<TargetResult>,
+}
+
+pub(super) enum FirstEvent {
+    Delta(String),
+    Ended(Result<Completion, TargetFailure>),
+}
+
+impl Run {
+    /// Start `request` on `target`. A cloud call carries the request's
+    /// taint: the egress hook in wasi:http refuses it again if the request
+    /// may not leave, whatever the code above did.
+    pub fn launch(
+        node: &Arc<Node>,
+        target: Target,
+        reason: String,
+        mut request: ChatRequest,
+        taint: Taint,
+    ) -> Run {
+        let (tx, deltas) = mpsc::unbounded_channel();
+        let job = Job {
+            stream: request.stream.then_some(tx),
+            request: {
+                request.model = match &target {
+                    Target::Local(model) => model.clone(),
+                    // The cloud target fills in the upstream's model.
+                    _ => String::new(),
+                };
+                request
+            },
+        };
+        let node = node.clone();
+        let on = target.clone();
+        let task = tokio::spawn(async move {
+            match on {
+                Target::Local(_) => node.local.generate(job).await,
+                Target::Cloud(upstream) => node.cloud.generate(&upstream, job, taint).await,
+                Target::Peer(peer) => Err(TargetFailure::Unavailable(format!(
+                    "peer '{peer}': this node has no fleet peers"
+                ))),
+            }
+        });
+        Run {
+            target,
+            reason,
+            deltas,
+            task,
+        }
+    }
+
+    /// Wait until the target either produced text or ended; until then the
+    /// response status is still open, so a failure can be a proper error.
+    pub async fn first_event(&mut self) -> FirstEvent {
+        tokio::select! {
+            biased;
+            delta = self.deltas.recv() => match delta {
+                Some(delta) => FirstEvent::Delta(delta),
+                None => FirstEvent::Ended(join(&mut self.task).await),
+            },
+            result = &mut self.task => FirstEvent::Ended(flatten(result)),
+        }
+    }
+}
+
+pub(super) async fn join(task: &mut JoinHandle<TargetResult>) -> TargetResult {
+    flatten(task.await)
+}
+
+fn flatten(result: Result<TargetResult, tokio::task::JoinError>) -> TargetResult {
+    result.unwrap_or_else(|e| Err(TargetFailure::Internal(format!("target task failed: {e}"))))
+}

@@ -23,6 +23,7 @@ const COMPONENTS: &[(&str, &str)] = &[
     ("fixtures/policy-trap", "policy_trap.wasm"),
     ("fixtures/policy-loop", "policy_loop.wasm"),
     ("fixtures/policy-counter", "policy_counter.wasm"),
+    ("fixtures/policy-counter-v2", "policy_counter_v2.wasm"),
     ("fixtures/policy-wrong-world", "policy_wrong_world.wasm"),
 ];
 

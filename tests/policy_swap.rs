@@ -322,12 +322,13 @@ fn counter_call(resp: &support::Resp) -> u64 {
         .unwrap_or_else(|| panic!("not a counter reason: {reason}"))
 }
 
-#[test]
-fn policy_state_survives_a_swap_and_a_restart() {
+/// `counter` counts its calls in state it snapshots; `other` is the same
+/// counter for the other policy world version.
+fn policy_state_survives_a_swap_and_a_restart(counter: &str, world: &str, other: &str) {
     let cloud = FakeCloud::start();
     let state_dir = std::env::temp_dir().join(unique("edgeroute-state"));
     let start = || {
-        with_admin(Node::builder(&cloud).policy_component(component("policy_counter.wasm")))
+        with_admin(Node::builder(&cloud).policy_component(component(counter)))
             .arg("--state-dir")
             .arg(state_dir.display().to_string())
             .start()
@@ -339,9 +340,13 @@ fn policy_state_survives_a_swap_and_a_restart() {
     assert_eq!(calls, [1, 2, 3]);
 
     // The new instance was probed (which counts) and then given the old state.
-    let (status, body) = swap(&node, &bytes("policy_counter.wasm"));
+    let (status, body) = swap(&node, &bytes(counter));
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["active"]["stateful"], true);
+    assert_eq!(
+        body["active"]["world"],
+        format!("edgeroute:routing/policy@{world}")
+    );
     assert_eq!(
         counter_call(&node.post_chat(long_prompt("after-swap"), &[])),
         4
@@ -366,8 +371,34 @@ fn policy_state_survives_a_swap_and_a_restart() {
         counter_call(&node.post_chat(long_prompt("after-restart"), &[])),
         6
     );
+    // Across world versions: the same state format moves between a 0.1
+    // and a 0.2 policy.
+    let (status, body) = swap(&node, &bytes(other));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        counter_call(&node.post_chat(long_prompt("other-world"), &[])),
+        7
+    );
     drop(node);
     let _ = std::fs::remove_dir_all(&state_dir);
+}
+
+#[test]
+fn policy_state_survives_a_swap_and_a_restart_world_0_1() {
+    policy_state_survives_a_swap_and_a_restart(
+        "policy_counter.wasm",
+        "0.1",
+        "policy_counter_v2.wasm",
+    );
+}
+
+#[test]
+fn policy_state_survives_a_swap_and_a_restart_world_0_2() {
+    policy_state_survives_a_swap_and_a_restart(
+        "policy_counter_v2.wasm",
+        "0.2",
+        "policy_counter.wasm",
+    );
 }
 
 #[test]

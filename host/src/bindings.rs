@@ -1,6 +1,9 @@
-//! Host-side bindings for the worlds in `wit/routing.wit`.
+//! Host-side bindings for the worlds in `wit/`. Each policy world version
+//! has its own module; `policy::convert` is the one place their types meet
+//! the host's vocabulary.
 
-/// The `policy` world: configure, route, observe.
+/// `edgeroute:routing@0.1.0`, world `policy`: configure, route, observe as
+/// world functions (`snapshot`/`restore` for `stateful-policy`).
 pub mod policy {
     wasmtime::component::bindgen!({
         path: "../wit",
@@ -8,6 +11,19 @@ pub mod policy {
         exports: { default: async },
     });
     pub use self::edgeroute::routing::types::{Sensitivity, Target};
+}
+
+/// `edgeroute:routing@0.2.0`, world `policy`: the same functions exported
+/// as the interface `router` (and `state` for stateful policies).
+pub mod policy_v2 {
+    wasmtime::component::bindgen!({
+        path: "../wit/routing-0.2",
+        world: "policy",
+        exports: { default: async },
+    });
+    pub use self::edgeroute::routing::types::{
+        Cascade, Decision, Features, Outcome, Plan, Sensitivity, Target,
+    };
 }
 
 /// The `target` world shared by the local worker and cloud-fetch.

@@ -17,12 +17,16 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+// The 0.2 policy world (`wit/routing-0.2`): the functions are exported as
+// the `router` interface. Its ports in other languages still target 0.1,
+// which the node links too.
 wit_bindgen::generate!({
     world: "policy",
-    path: "../../wit",
+    path: "../../wit/routing-0.2",
 });
 
-use edgeroute::routing::types::Target;
+use edgeroute::routing::types::{Decision, Features, Outcome, Plan, Target};
+use exports::edgeroute::routing::router::Guest;
 
 struct Config {
     local_model: String,
@@ -100,18 +104,22 @@ impl Guest for Policy {
         if !outcome.ok {
             FAILED.fetch_add(1, Relaxed);
         }
-        if outcome.served_by.starts_with("local:") {
-            SERVED_LOCAL.fetch_add(1, Relaxed);
-        } else if outcome.served_by.starts_with("cloud:") {
-            SERVED_CLOUD.fetch_add(1, Relaxed);
-        }
+        match outcome.served_by {
+            Some(Target::Local(_)) => SERVED_LOCAL.fetch_add(1, Relaxed),
+            Some(Target::Cloud(_) | Target::Peer(_)) => SERVED_CLOUD.fetch_add(1, Relaxed),
+            None => 0,
+        };
     }
 }
 
 fn decide(config: &Config, features: &Features) -> Decision {
     let local = || Target::Local(config.local_model.clone());
     let cloud = || Target::Cloud(config.cloud_upstream.clone());
-    let decision = |target, reason: String| Decision { target, reason };
+    let decision = |target, reason: String| Decision {
+        plan: Plan::Run(target),
+        reason,
+        propensity: None,
+    };
 
     // The guard would overrule a cloud answer anyway; saying "local" here
     // keeps the reason honest. If the local model is missing the host fails
@@ -157,11 +165,12 @@ mod tests {
             } else {
                 Sensitivity::Restricted
             },
-            pii_detected: false,
+            detected: Vec::new(),
             may_leave,
             task: String::new(),
             latency_budget_ms: None,
             stream: false,
+            message_count: 1,
             local_queue_depth: 0,
             local_models: vec!["smollm2".into()],
             cloud_upstreams: vec!["frontier".into()],
@@ -170,10 +179,10 @@ mod tests {
 
     fn route(config: &Config, features: &Features) -> (String, String) {
         let d = decide(config, features);
-        let target = match d.target {
-            Target::Local(m) => format!("local:{m}"),
-            Target::Cloud(u) => format!("cloud:{u}"),
-            Target::Reject(r) => format!("reject:{r}"),
+        let target = match d.plan {
+            Plan::Run(Target::Local(m)) => format!("local:{m}"),
+            Plan::Run(Target::Cloud(u)) => format!("cloud:{u}"),
+            other => format!("{other:?}"),
         };
         (target, d.reason)
     }

@@ -4,18 +4,31 @@
 
 use crate::target::Target;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Choice {
     Run(Target),
+    /// Try `first`; serve `then` when the first answer's confidence is
+    /// below `min_confidence`.
+    Cascade(Cascade),
     /// The policy refuses the request; the text is shown to the client.
     Reject(String),
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cascade {
+    pub first: Target,
+    pub then: Target,
+    pub min_confidence: f32,
+}
+
+#[derive(Debug, Clone, PartialEq)]
 pub struct Decision {
     pub choice: Choice,
     /// For humans: the reason header, the log, the audit.
     pub reason: String,
+    /// The probability a learned policy chose this with (for replay and
+    /// off-policy evaluation); None for a deterministic policy.
+    pub propensity: Option<f32>,
 }
 
 impl Decision {
@@ -23,6 +36,7 @@ impl Decision {
         Self {
             choice: Choice::Run(target),
             reason: reason.into(),
+            propensity: None,
         }
     }
 }

@@ -67,7 +67,7 @@ pub struct NodeView<'a> {
 }
 
 /// Where a request goes after the guard.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Placement {
     Run { target: Target, reason: String },
     Refuse(Refused),
@@ -98,7 +98,25 @@ pub fn place(
             return Placement::refuse(Refusal::PolicyRejected { message }, reason);
         }
         Choice::Run(target) => target,
+        Choice::Cascade(cascade) => {
+            // Both hops are judged by the same rules. The node does not
+            // measure the local model's confidence yet, so only the first
+            // hop runs; the reason says what became of the second.
+            let then = match place_target(cascade.then.clone(), String::new(), facts, node) {
+                Placement::Run { target, .. } if target == cascade.then => format!(
+                    "cascade to {target} below confidence {} not run: confidence is not measured yet",
+                    cascade.min_confidence
+                ),
+                _ => format!("cascade to {} dropped by the guard", cascade.then),
+            };
+            return place_target(cascade.first, format!("{reason}; {then}"), facts, node);
+        }
     };
+    place_target(target, reason, facts, node)
+}
+
+/// Place one target the policy named.
+fn place_target(target: Target, reason: String, facts: &Facts, node: &NodeView) -> Placement {
     match target {
         Target::Local(model) => stay_local(Some(model), reason, facts, node),
         off_node if !facts.may_leave => stay_local(
@@ -368,6 +386,7 @@ mod tests {
             Ok(Decision {
                 choice: Choice::Reject("no".into()),
                 reason: "why".into(),
+                propensity: None,
             }),
             &PUBLIC,
             &node,
@@ -380,6 +399,40 @@ mod tests {
                 },
                 reason: "why".into()
             })
+        );
+    }
+
+    #[test]
+    fn a_cascade_is_judged_hop_by_hop() {
+        use crate::decision::Cascade;
+        let (local, ups) = (names(&["smollm2"]), names(&["frontier"]));
+        let node = view(&local, &ups, OnPolicyFailure::Local);
+        let cascade = |first: Target, then: Target| {
+            Ok(Decision {
+                choice: Choice::Cascade(Cascade {
+                    first,
+                    then,
+                    min_confidence: 0.5,
+                }),
+                reason: "plan".into(),
+                propensity: Some(0.9),
+            })
+        };
+        let (smol, frontier) = (
+            Target::Local("smollm2".into()),
+            Target::Cloud("frontier".into()),
+        );
+        let placed = place(cascade(smol.clone(), frontier.clone()), &RESTRICTED, &node);
+        assert!(
+            matches!(&placed, Placement::Run { target, reason } if *target == smol && reason.contains("dropped by the guard")),
+            "{placed:?}"
+        );
+        let placed = place(cascade(frontier.clone(), smol.clone()), &RESTRICTED, &node);
+        assert!(!is_off_node(&placed), "{placed:?}");
+        let placed = place(cascade(smol.clone(), frontier), &PUBLIC, &node);
+        assert!(
+            matches!(&placed, Placement::Run { target, reason } if *target == smol && reason.contains("not measured yet")),
+            "{placed:?}"
         );
     }
 

@@ -11,14 +11,18 @@
 
 pub mod cost;
 pub mod decision;
+pub mod features;
 pub mod guard;
+pub mod outcome;
 pub mod refusal;
 pub mod sensitivity;
 pub mod target;
 
 pub use cost::{Prices, Usage};
-pub use decision::{Choice, Decision, PolicyFailure};
+pub use decision::{Cascade, Choice, Decision, PolicyFailure};
+pub use features::Features;
 pub use guard::{NodeView, OnPolicyFailure, Placement, Rules};
+pub use outcome::Outcome;
 pub use refusal::{Refusal, Refused};
 pub use sensitivity::{Sensitivity, SensitivitySet, Source, UnknownSensitivity};
 pub use target::{Target, TargetKind, UnknownTarget};

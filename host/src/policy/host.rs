@@ -7,10 +7,9 @@
 use super::eval::conformance;
 use super::persist::StateFile;
 use super::version::{PolicyVersion, Settings};
-use crate::bindings::policy::{Features, Outcome};
 use crate::config::PolicyConfig;
 use anyhow::Context;
-use edgeroute_core::{Decision, PolicyFailure};
+use edgeroute_core::{Decision, Features, Outcome, PolicyFailure};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
@@ -234,5 +233,147 @@ impl PolicyHost {
             .map(|v| v.failures.load(Ordering::Relaxed))
             .sum();
         previous + self.current().failures.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::eval::conformance;
+    use crate::policy::eval::shadow::ShadowSlot;
+    use edgeroute_core::{Choice, Sensitivity, Usage};
+
+    fn fixture(name: &str) -> PathBuf {
+        PathBuf::from(env!("EDGEROUTE_COMPONENTS_DIR")).join(name)
+    }
+
+    fn config(component: Option<&str>) -> PolicyConfig {
+        PolicyConfig {
+            component: component.map(fixture),
+            ..PolicyConfig::default()
+        }
+    }
+
+    fn long_public() -> Features {
+        conformance::features(4000, Sensitivity::Public, true, &["smollm2"], &["frontier"])
+    }
+
+    async fn reason(host: &PolicyHost) -> String {
+        host.route(&long_public())
+            .await
+            .1
+            .expect("a decision")
+            .reason
+    }
+
+    #[tokio::test]
+    async fn a_refused_swap_keeps_the_active_version_and_rollback_goes_back() {
+        let engine = crate::runtime::engine().unwrap();
+        let host = PolicyHost::new(&engine, &config(None), None).await.unwrap();
+        let default = host.current().id.clone();
+        assert_eq!(host.current().world, "0.2");
+
+        let always_cloud = std::fs::read(fixture("policy_always_cloud.wasm")).unwrap();
+        let swapped = host.swap(always_cloud, "test".into()).await.unwrap();
+        assert_ne!(swapped.id, default);
+        assert_eq!(swapped.world, "0.1");
+        assert_eq!(reason(&host).await, "fixture: always cloud");
+
+        for broken in [
+            "policy_trap.wasm",
+            "policy_loop.wasm",
+            "policy_wrong_world.wasm",
+        ] {
+            let bytes = std::fs::read(fixture(broken)).unwrap();
+            assert!(host.swap(bytes, broken.into()).await.is_err(), "{broken}");
+            assert_eq!(
+                host.current().id,
+                swapped.id,
+                "{broken} replaced the policy"
+            );
+        }
+
+        assert_eq!(host.rollback().await.unwrap().id, default);
+        assert_eq!(host.current().id, default);
+        assert!(reason(&host).await.starts_with("long prompt ("));
+        assert!(
+            host.rollback().await.is_err(),
+            "nothing left to roll back to"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stateful_policy_resumes_after_a_restart() {
+        let engine = crate::runtime::engine().unwrap();
+        let dir = std::env::temp_dir().join(format!("edgeroute-host-{}", std::process::id()));
+        let config = config(Some("policy_counter_v2.wasm"));
+        {
+            let host = PolicyHost::new(&engine, &config, Some(dir.clone()))
+                .await
+                .unwrap();
+            for call in 1..=3 {
+                assert_eq!(reason(&host).await, format!("counter: call {call}"));
+            }
+            let outcome = Outcome {
+                request_id: "r".into(),
+                served_by: None,
+                ok: true,
+                latency_ms: 1,
+                usage: Usage::default(),
+                cost_micro_usd: 0,
+                confidence: None,
+            };
+            host.observe(&host.current(), &outcome).await;
+            host.persist().await;
+        }
+        // The probe's calls are not history: the new node resumes at 4.
+        let host = PolicyHost::new(&engine, &config, Some(dir.clone()))
+            .await
+            .unwrap();
+        assert_eq!(reason(&host).await, "counter: call 4");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_shadow_is_tallied_and_never_decides() {
+        let engine = crate::runtime::engine().unwrap();
+        let host = PolicyHost::new(&engine, &config(None), None).await.unwrap();
+        let candidate = host
+            .prepare(
+                std::fs::read(fixture("policy_always_cloud.wasm")).unwrap(),
+                "candidate".into(),
+            )
+            .await
+            .unwrap();
+        let shadow = ShadowSlot::default();
+        shadow.set(Some(candidate));
+        let short =
+            conformance::features(12, Sensitivity::Public, true, &["smollm2"], &["frontier"]);
+        for features in [short, long_public()] {
+            let (_, live) = host.route(&features).await;
+            assert!(matches!(&live, Ok(d) if matches!(d.choice, Choice::Run(_))));
+            shadow.compare(&features, &live);
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let summary = loop {
+            let summary = shadow.summary();
+            if summary["compared"] == 2 {
+                break summary;
+            }
+            assert!(std::time::Instant::now() < deadline, "{summary}");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        };
+        // Short prompts: the default says local, the candidate cloud.
+        assert_eq!(summary["agreed"], 1, "{summary}");
+        assert_eq!(
+            summary["differences"][0]["live"], "local:smollm2",
+            "{summary}"
+        );
+        assert_eq!(
+            summary["differences"][0]["candidate"], "cloud:frontier",
+            "{summary}"
+        );
+        // The live policy is still the default.
+        assert!(reason(&host).await.starts_with("long prompt ("));
     }
 }

@@ -5,18 +5,18 @@
 //! nothing of probes, history or swaps: see `host` and `eval`.
 
 use super::convert;
-use crate::bindings::policy::{Features, Outcome, Policy, PolicyPre};
+use crate::bindings::{policy as wit1, policy_v2 as wit2};
 use crate::config::PolicyConfig;
 use crate::runtime::roles::policy::PolicyState;
 use crate::runtime::roles::{self, Role};
 use crate::runtime::{self, EPOCH_TICK};
 use anyhow::Context;
-use edgeroute_core::{Decision, PolicyFailure};
+use edgeroute_core::{Decision, Features, Outcome, PolicyFailure};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
-use wasmtime::component::{Instance, ResourceTable, TypedFunc};
+use wasmtime::component::{Instance, InstancePre, ResourceTable, TypedFunc};
 use wasmtime::{Engine, Store, Trap};
 
 /// What every version is run with (from `[policy]`).
@@ -55,9 +55,53 @@ const START_DEADLINE_MS: u64 = 2_000;
 type SnapshotFn = TypedFunc<(), (Vec<u8>,)>;
 type RestoreFn = TypedFunc<(Vec<u8>,), (Result<(), String>,)>;
 
+/// Which `edgeroute:routing` policy world a component implements; both
+/// link side by side, so 0.1 policies keep working unchanged.
+#[derive(Clone)]
+enum World {
+    V1(wit1::PolicyPre<PolicyState>),
+    V2(wit2::PolicyPre<PolicyState>),
+}
+
+impl World {
+    fn of(pre: InstancePre<PolicyState>, source: &str) -> anyhow::Result<Self> {
+        let v2 = match wit2::PolicyPre::new(pre.clone()) {
+            Ok(v2) => return Ok(World::V2(v2)),
+            Err(error) => error,
+        };
+        let v1 = match wit1::PolicyPre::new(pre) {
+            Ok(v1) => return Ok(World::V1(v1)),
+            Err(error) => error,
+        };
+        anyhow::bail!(
+            "{source} does not implement the edgeroute:routing/policy world (0.2: {v2}; 0.1: {v1})"
+        )
+    }
+
+    fn instance_pre(&self) -> &InstancePre<PolicyState> {
+        match self {
+            World::V1(pre) => pre.instance_pre(),
+            World::V2(pre) => pre.instance_pre(),
+        }
+    }
+
+    fn version(&self) -> &'static str {
+        match self {
+            World::V1(_) => "0.1",
+            World::V2(_) => "0.2",
+        }
+    }
+}
+
+/// A live instance's exports, by world.
+enum Bound {
+    V1(wit1::Policy),
+    V2(wit2::Policy),
+}
+
 struct Live {
     store: Store<PolicyState>,
-    policy: Policy,
+    policy: Bound,
     /// Present when the component exports the `stateful-policy` additions.
     snapshot: Option<SnapshotFn>,
     restore: Option<RestoreFn>,
@@ -74,13 +118,15 @@ pub struct PolicyVersion {
     /// Time to compile, check and configure it (and, once admitted, probe).
     pub load_ms: f64,
     pub stateful: bool,
+    /// The `edgeroute:routing` version of its world (`0.1`, `0.2`).
+    pub world: &'static str,
     pub calls: AtomicU64,
     pub failures: AtomicU64,
     /// Linear memory of the current instance, in bytes.
     pub memory_bytes: AtomicUsize,
     settings: Settings,
     engine: Engine,
-    pre: PolicyPre<PolicyState>,
+    pre: World,
     live: tokio::sync::Mutex<Option<Live>>,
 }
 
@@ -116,13 +162,13 @@ impl PolicyVersion {
             })
             .await??
         };
-        let pre = roles::policy::linker(engine)?
+        let instance_pre = roles::policy::linker(engine)?
             .instantiate_pre(&component)
-            .and_then(PolicyPre::new)
             .map_err(anyhow::Error::from)
             .with_context(|| {
                 format!("{source} does not implement the edgeroute:routing/policy world")
             })?;
+        let pre = World::of(instance_pre, &source)?;
         let mut version = Self {
             id,
             source,
@@ -130,6 +176,7 @@ impl PolicyVersion {
             size_bytes,
             load_ms: 0.0,
             stateful: false,
+            world: pre.version(),
             calls: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             memory_bytes: AtomicUsize::new(0),
@@ -176,20 +223,42 @@ impl PolicyVersion {
             .instance_pre()
             .instantiate_async(&mut store)
             .await?;
-        let policy = Policy::new(&mut store, &instance)?;
-        let snapshot = instance
-            .get_typed_func::<(), (Vec<u8>,)>(&mut store, "snapshot")
-            .ok();
-        let restore = instance
-            .get_typed_func::<(Vec<u8>,), (Result<(), String>,)>(&mut store, "restore")
-            .ok();
+        let (policy, snapshot, restore) = match &self.pre {
+            World::V1(_) => {
+                let policy = wit1::Policy::new(&mut store, &instance)?;
+                // 0.1's `stateful-policy` exports these as world functions.
+                let snapshot = instance.get_typed_func(&mut store, "snapshot").ok();
+                let restore = instance.get_typed_func(&mut store, "restore").ok();
+                (Bound::V1(policy), snapshot, restore)
+            }
+            World::V2(_) => {
+                let policy = wit2::Policy::new(&mut store, &instance)?;
+                // 0.2 exports them in the `state` interface.
+                let state =
+                    instance.get_export_index(&mut store, None, "edgeroute:routing/state@0.2.0");
+                let func = |store: &mut Store<PolicyState>, name: &str| {
+                    state
+                        .as_ref()
+                        .and_then(|state| instance.get_export_index(&mut *store, Some(state), name))
+                };
+                let snapshot = func(&mut store, "snapshot")
+                    .and_then(|index| instance.get_typed_func(&mut store, &index).ok());
+                let restore = func(&mut store, "restore")
+                    .and_then(|index| instance.get_typed_func(&mut store, &index).ok());
+                (Bound::V2(policy), snapshot, restore)
+            }
+        };
         store.set_epoch_deadline(self.settings.start_ticks());
-        policy
-            .call_configure(&mut store, &self.settings.params)
-            .await?
-            .map_err(|message| {
-                wasmtime::format_err!("configure refused the parameters: {message}")
-            })?;
+        let params = &self.settings.params;
+        match &policy {
+            Bound::V1(p) => p.call_configure(&mut store, params).await?,
+            Bound::V2(p) => {
+                p.edgeroute_routing_router()
+                    .call_configure(&mut store, params)
+                    .await?
+            }
+        }
+        .map_err(|message| wasmtime::format_err!("configure refused the parameters: {message}"))?;
         self.memory_bytes
             .store(store.data().limits.current(), Ordering::Relaxed);
         Ok(Live {
@@ -228,14 +297,33 @@ impl PolicyVersion {
 
     pub async fn route(&self, features: &Features) -> Result<Decision, PolicyFailure> {
         self.calls.fetch_add(1, Ordering::Relaxed);
-        self.with_live(async |live| live.policy.call_route(&mut live.store, features).await)
-            .await
-            .map(convert::decision_from_wit)
+        self.with_live(async |live| match &live.policy {
+            Bound::V1(p) => p
+                .call_route(&mut live.store, &convert::v1::features(features))
+                .await
+                .map(convert::v1::decision),
+            Bound::V2(p) => p
+                .edgeroute_routing_router()
+                .call_route(&mut live.store, &convert::v2::features(features))
+                .await
+                .map(convert::v2::decision),
+        })
+        .await
     }
 
     pub async fn observe(&self, outcome: &Outcome) {
         if let Err(failure) = self
-            .with_live(async |live| live.policy.call_observe(&mut live.store, outcome).await)
+            .with_live(async |live| match &live.policy {
+                Bound::V1(p) => {
+                    p.call_observe(&mut live.store, &convert::v1::outcome(outcome))
+                        .await
+                }
+                Bound::V2(p) => {
+                    p.edgeroute_routing_router()
+                        .call_observe(&mut live.store, &convert::v2::outcome(outcome))
+                        .await
+                }
+            })
             .await
         {
             tracing::warn!(policy = %self.id, %failure, "policy observe failed");
@@ -292,6 +380,7 @@ impl PolicyVersion {
             "size_bytes": self.size_bytes,
             "load_ms": self.load_ms,
             "stateful": self.stateful,
+            "world": format!("edgeroute:routing/policy@{}", self.world),
             "calls": self.calls.load(Ordering::Relaxed),
             "failures": self.failures.load(Ordering::Relaxed),
             "memory_bytes": self.memory_bytes.load(Ordering::Relaxed),

@@ -7,14 +7,12 @@
 //! one [`SensitivitySet`]; the most restrictive level wins.
 
 use super::request::{Invalid, Prepared};
-use crate::bindings::policy::Features;
 use crate::config::GuardConfig;
 use crate::pii;
-use crate::policy::convert;
 use crate::targets::cloud::CloudTarget;
 use crate::targets::local::LocalTarget;
 use edgeroute_core::guard::Facts;
-use edgeroute_core::{Sensitivity, SensitivitySet, Source};
+use edgeroute_core::{Features, Sensitivity, SensitivitySet, Source};
 
 /// Request-level signals that travel outside the body (HTTP headers).
 #[derive(Debug, Clone, Default)]
@@ -123,8 +121,8 @@ pub fn extract(
         requested_model: request.requested_model.clone(),
         prompt_tokens: prompt_tokens(request, local)?,
         max_tokens: request.max_tokens,
-        sensitivity: convert::sensitivity_to_wit(level),
-        pii_detected: sensitivity.detected().next().is_some(),
+        sensitivity: level,
+        detected: sensitivity.detected().collect(),
         may_leave: facts.may_leave,
         task: request
             .metadata
@@ -134,6 +132,7 @@ pub fn extract(
             .to_string(),
         latency_budget_ms: latency_budget_ms(request, signals),
         stream: request.stream,
+        message_count: request.messages.len() as u32,
         local_queue_depth: local.queue_depth(),
         local_models: local.model_names(),
         cloud_upstreams: cloud.upstream_names(),

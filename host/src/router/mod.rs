@@ -13,14 +13,13 @@ pub mod features;
 pub mod request;
 mod run;
 
-use crate::bindings::policy::{Features, Outcome};
 use crate::bindings::target::{ChatRequest, Completion, Message};
 use crate::node::Node;
 use crate::policy::PolicyVersion;
 use crate::targets::TargetFailure;
 use crate::targets::cloud::Taint;
 use edgeroute_core::guard::{self, Facts, LocalFailure, NodeView, Placement};
-use edgeroute_core::{Prices, Refused, Target, Usage};
+use edgeroute_core::{Features, Outcome, Prices, Refused, Target, Usage};
 use features::Extracted;
 pub use features::Signals;
 pub use request::{Invalid, InvalidKind, Prepared};
@@ -396,12 +395,13 @@ impl Context {
         );
         let outcome = Outcome {
             request_id: self.request.id.clone(),
-            served_by: served,
+            served_by: served_by.cloned(),
             ok,
             latency_ms: latency_ms as u32,
-            prompt_tokens: usage.prompt_tokens,
-            completion_tokens: usage.completion_tokens,
+            usage,
             cost_micro_usd: (cost_usd * 1e6) as u64,
+            // The local model's confidence is not measured yet.
+            confidence: None,
         };
         self.node.policy.observe(&self.policy, &outcome).await;
     }

@@ -5,12 +5,11 @@
 //! that may not leave on a cloud target. `--reference` adds a table of the
 //! decisions the reference (default) policy gives, for ports of it.
 
-use crate::bindings::policy::{Features, Sensitivity};
 use crate::policy::PolicyVersion;
-use crate::policy::convert::{label, sensitivity_from_wit};
+use crate::policy::convert::label;
 use anyhow::bail;
 use edgeroute_core::guard::{self, Facts, NodeView, OnPolicyFailure, Placement};
-use edgeroute_core::{Choice, Target};
+use edgeroute_core::{Choice, Features, Sensitivity, Target};
 
 /// The targets a node has, by name.
 pub struct Targets {
@@ -32,11 +31,12 @@ pub fn features(
         prompt_tokens,
         max_tokens: 64,
         sensitivity,
-        pii_detected: false,
+        detected: Vec::new(),
         may_leave,
         task: String::new(),
         latency_budget_ms: None,
         stream: false,
+        message_count: 1,
         local_queue_depth: 0,
         local_models: local.iter().map(|s| s.to_string()).collect(),
         cloud_upstreams: cloud.iter().map(|s| s.to_string()).collect(),
@@ -177,11 +177,16 @@ fn random_features(rng: &mut XorShift, targets: &Targets) -> Features {
             as u32,
         max_tokens: 1 + rng.below(2048) as u32,
         sensitivity,
-        pii_detected: rng.below(4) == 0,
+        detected: if rng.below(4) == 0 {
+            vec!["email"]
+        } else {
+            Vec::new()
+        },
         may_leave,
         task: ["", "classify", "extract", "chat"][rng.below(4) as usize].into(),
         latency_budget_ms: (rng.below(2) == 0).then(|| rng.below(5000) as u32),
         stream: rng.below(2) == 0,
+        message_count: 1 + rng.below(40) as u32,
         local_queue_depth: rng.below(16) as u32,
         local_models: rng.subset(&targets.local),
         cloud_upstreams: rng.subset(&targets.cloud),
@@ -209,6 +214,11 @@ pub async fn check(
         Choice::Run(Target::Local(m)) => targets.local.contains(m),
         Choice::Run(Target::Cloud(u)) => targets.cloud.contains(u),
         Choice::Run(Target::Peer(_)) => false,
+        Choice::Cascade(c) => [&c.first, &c.then].into_iter().all(|t| match t {
+            Target::Local(m) => targets.local.contains(m),
+            Target::Cloud(u) => targets.cloud.contains(u),
+            Target::Peer(_) => false,
+        }),
         Choice::Reject(_) => true,
     };
     let view = NodeView {
@@ -229,7 +239,7 @@ pub async fn check(
             Ok(_) => {}
         }
         let facts = Facts {
-            sensitivity: sensitivity_from_wit(f.sensitivity),
+            sensitivity: f.sensitivity,
             may_leave: f.may_leave,
         };
         let placed = guard::place(decision, &facts, &view);

@@ -2,10 +2,9 @@
 //! its decisions are recorded, never acted on, so an operator can see where
 //! the two would disagree before promoting it.
 
-use crate::bindings::policy::Features;
 use crate::policy::PolicyVersion;
-use crate::policy::convert::{label, sensitivity_from_wit};
-use edgeroute_core::{Decision, PolicyFailure};
+use crate::policy::convert::label;
+use edgeroute_core::{Decision, Features, PolicyFailure};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -55,7 +54,7 @@ impl ShadowSlot {
             t.agreed += agreed as u64;
             let by = t
                 .by_sensitivity
-                .entry(sensitivity_from_wit(features.sensitivity).name())
+                .entry(features.sensitivity.name())
                 .or_default();
             by.0 += 1;
             by.1 += agreed as u64;

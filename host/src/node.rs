@@ -6,11 +6,12 @@ use crate::ledger::Ledger;
 use crate::nn::{LoadedModel, RuntimeParams};
 use crate::policy::PolicyHost;
 use crate::policy::eval::shadow::ShadowSlot;
+use crate::targets::Backend;
 use crate::targets::cloud::CloudTarget;
 use crate::targets::local::LocalTarget;
 use crate::{components, runtime};
 use anyhow::bail;
-use edgeroute_core::Prices;
+use edgeroute_core::{Prices, TargetKind};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -105,6 +106,16 @@ impl Node {
             admin_token: config.admin.token(),
             config,
         }))
+    }
+
+    /// The backend that serves a kind of target; None for a kind this
+    /// node has none of (peers, until the fleet).
+    pub fn backend(&self, kind: TargetKind) -> Option<&dyn Backend> {
+        match kind {
+            TargetKind::Local => Some(&self.local),
+            TargetKind::Cloud => Some(&self.cloud),
+            TargetKind::Peer => None,
+        }
     }
 
     /// The first configured local model: where requests that must stay go

@@ -88,7 +88,10 @@ async fn healthz(State(node): State<Arc<Node>>) -> Json<serde_json::Value> {
         "status": "ok",
         "uptime_s": node.started.elapsed().as_secs(),
         "policy": node.policy.current().id,
-        "policy_source": node.policy.current().source,
+        // A file name, not the node's directory layout: /healthz is public.
+        "policy_source": std::path::Path::new(&node.policy.current().source)
+            .file_name()
+            .map(|name| name.to_string_lossy().into_owned()),
         "policy_failures": node.policy.failures(),
         "local_models": node.local.model_names(),
         "local_queue_depth": node.local.queue_depth(),

@@ -5,8 +5,7 @@
 
 use crate::bindings::target::{ChatRequest, Completion};
 use crate::node::Node;
-use crate::targets::cloud::Taint;
-use crate::targets::{Job, TargetFailure, TargetResult};
+use crate::targets::{Job, Taint, TargetFailure, TargetResult};
 use edgeroute_core::Target;
 use std::sync::Arc;
 use tokio::sync::mpsc::{self, UnboundedReceiver};
@@ -36,25 +35,21 @@ impl Run {
         taint: Taint,
     ) -> Run {
         let (tx, deltas) = mpsc::unbounded_channel();
+        // Each backend fills in the model it runs (the local model, the
+        // upstream's configured model).
+        request.model = String::new();
         let job = Job {
             stream: request.stream.then_some(tx),
-            request: {
-                request.model = match &target {
-                    Target::Local(model) => model.clone(),
-                    // The cloud target fills in the upstream's model.
-                    _ => String::new(),
-                };
-                request
-            },
+            request,
         };
         let node = node.clone();
         let on = target.clone();
         let task = tokio::spawn(async move {
-            match on {
-                Target::Local(_) => node.local.generate(job).await,
-                Target::Cloud(upstream) => node.cloud.generate(&upstream, job, taint).await,
-                Target::Peer(peer) => Err(TargetFailure::Unavailable(format!(
-                    "peer '{peer}': this node has no fleet peers"
+            match node.backend(on.kind()) {
+                Some(backend) => backend.generate(on.name(), job, taint).await,
+                None => Err(TargetFailure::Unavailable(format!(
+                    "{on}: this node has no {} targets",
+                    on.kind().name()
                 ))),
             }
         });

@@ -164,6 +164,16 @@ fn redact(failure: TargetFailure, credential: &Credential) -> TargetFailure {
     }
 }
 
+impl super::Backend for CloudTarget {
+    fn names(&self) -> Vec<String> {
+        self.upstream_names()
+    }
+
+    fn generate<'a>(&'a self, name: &'a str, job: Job, taint: Taint) -> super::Generating<'a> {
+        Box::pin(CloudTarget::generate(self, name, job, taint))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,6 +202,65 @@ mod tests {
         for (name, value) in env {
             assert!(!name.to_ascii_uppercase().contains("KEY"), "{name}");
             assert!(!value.contains(key), "{name} holds the key");
+        }
+    }
+
+    /// A hostile cloud-fetch guest (`components/fixtures/cloud-fetch-snoop`)
+    /// reports its whole environment and what wasi:http answers when it
+    /// sets `Authorization` itself: the key is in neither, and the header
+    /// is refused.
+    #[tokio::test]
+    async fn a_hostile_guest_finds_no_key_and_may_not_set_authorization() {
+        let key = "sk-snoop-secret-3141";
+        let var = "EDGEROUTE_TEST_SNOOP_KEY";
+        // SAFETY: set before any thread of this test reads the environment;
+        // the name is this test's own.
+        unsafe { std::env::set_var(var, key) };
+        let config: UpstreamConfig = toml::from_str(&format!(
+            r#"
+            name = "snooped"
+            base_url = "http://127.0.0.1:9/v1"
+            model = "m"
+            api_key_env = "{var}"
+            "#
+        ))
+        .unwrap();
+        let engine = crate::runtime::engine().unwrap();
+        let snoop = std::fs::read(concat!(
+            env!("EDGEROUTE_COMPONENTS_DIR"),
+            "/cloud_fetch_snoop.wasm"
+        ))
+        .unwrap();
+        let target = CloudTarget::new(&engine, &snoop, &[config], Duration::from_secs(30)).unwrap();
+        let job = Job {
+            request: crate::bindings::target::ChatRequest {
+                model: String::new(),
+                messages: Vec::new(),
+                max_tokens: 1,
+                temperature: 0.0,
+                top_p: 1.0,
+                seed: 0,
+                stream: false,
+            },
+            stream: None,
+        };
+        let taint = Taint {
+            request_id: "snoop".into(),
+            may_leave: true,
+        };
+        let report = target.generate("snooped", job, taint).await.unwrap().text;
+        assert!(!report.contains(key), "the guest found the key: {report}");
+        assert!(
+            report.contains("EDGEROUTE_UPSTREAM_URL=http://127.0.0.1:9/v1"),
+            "{report}"
+        );
+        for name in ["authorization", "Proxy-Authorization"] {
+            assert!(
+                report.contains(&format!(
+                    "{name}: from_list HeaderError::Forbidden, append HeaderError::Forbidden"
+                )),
+                "{name} was not refused: {report}"
+            );
         }
     }
 }

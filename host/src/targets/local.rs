@@ -64,6 +64,7 @@ impl LocalTarget {
         self.max_queue - self.admission.available_permits() as u32
     }
 
+    /// Run `job` on the model it names (`job.request.model`).
     pub async fn generate(&self, job: Job) -> TargetResult {
         let Ok(_queued) = self.admission.clone().try_acquire_owned() else {
             return Err(TargetFailure::Busy(self.max_queue));
@@ -107,5 +108,22 @@ impl LocalTarget {
         })
         .await
         .map_err(|e| TargetFailure::Internal(format!("local generation panicked: {e}")))?
+    }
+}
+
+/// Nothing leaves the node here, so the taint has nothing to guard.
+impl super::Backend for LocalTarget {
+    fn names(&self) -> Vec<String> {
+        self.model_names()
+    }
+
+    fn generate<'a>(
+        &'a self,
+        name: &'a str,
+        mut job: Job,
+        _taint: super::Taint,
+    ) -> super::Generating<'a> {
+        job.request.model = name.to_string();
+        Box::pin(LocalTarget::generate(self, job))
     }
 }

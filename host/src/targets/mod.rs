@@ -1,12 +1,30 @@
-//! The two places a request can run. Both are WebAssembly components
-//! exporting the same `generator` interface; the host only picks one and
-//! relays its stream.
+//! The places a request can run, each behind the one [`Backend`] trait:
+//! local models and cloud upstreams today (both WebAssembly components
+//! exporting the same `generator` interface), peers of a fleet later. The
+//! router picks a backend by the target's kind and relays its stream.
 
 pub mod cloud;
 pub mod local;
 
 use crate::bindings::target::{ChatRequest, Completion, TargetError};
+pub use cloud::Taint;
+use std::future::Future;
+use std::pin::Pin;
 use tokio::sync::mpsc::UnboundedSender;
+
+/// A generation running on a backend.
+pub type Generating<'a> = Pin<Box<dyn Future<Output = TargetResult> + Send + 'a>>;
+
+/// Where the requests of one target kind run.
+pub trait Backend: Send + Sync {
+    /// The names this backend serves (models, upstreams, peers).
+    fn names(&self) -> Vec<String>;
+
+    /// Run `job` on the target called `name`. `taint` says whether the
+    /// client request may leave the node; a backend that sends anything
+    /// off the node must enforce it.
+    fn generate<'a>(&'a self, name: &'a str, job: Job, taint: Taint) -> Generating<'a>;
+}
 
 /// Why a target could not serve a request.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -45,7 +63,14 @@ pub struct Job {
 pub type TargetResult = Result<Completion, TargetFailure>;
 
 /// A trap inside a target component is the component's failure, not the
-/// node's: it becomes an error for this one request.
+/// node's: it becomes an error for this one request. The client gets the
+/// trap, not the chain of contexts under it (a wasm backtrace can be tens
+/// of kilobytes, and names the node's internals); the log keeps it all.
 fn trapped(error: wasmtime::Error) -> TargetFailure {
-    TargetFailure::Internal(format!("target component failed: {error:#}"))
+    tracing::warn!("target component failed: {error:?}");
+    let what = match error.downcast_ref::<wasmtime::Trap>() {
+        Some(trap) => trap.to_string(),
+        None => error.to_string(),
+    };
+    TargetFailure::Internal(format!("target component failed: {what}"))
 }

@@ -25,6 +25,7 @@ const COMPONENTS: &[(&str, &str)] = &[
     ("fixtures/policy-counter", "policy_counter.wasm"),
     ("fixtures/policy-counter-v2", "policy_counter_v2.wasm"),
     ("fixtures/policy-wrong-world", "policy_wrong_world.wasm"),
+    ("fixtures/cloud-fetch-snoop", "cloud_fetch_snoop.wasm"),
 ];
 
 /// Variables the outer build sets that would change the nested one. The

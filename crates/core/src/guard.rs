@@ -208,6 +208,20 @@ pub fn after_local_failure(
     Placement::refuse(cause, format!("{reason}; {failure}: fail closed"))
 }
 
+/// A cloud run failed before it produced any text. Staying on the node
+/// needs no permission, so the request may be served locally when a local
+/// model is there; it is never sent to another upstream, so no upstream
+/// sees it twice. None: nothing else can serve it.
+pub fn after_cloud_failure(why: &str, reason: &str, node: &NodeView) -> Option<Placement> {
+    let model = node
+        .default_local
+        .filter(|m| node.local_models.iter().any(|l| l == m))?;
+    Some(Placement::Run {
+        target: Target::Local(model.to_string()),
+        reason: format!("{reason}; cloud failed ({why}): local fallback"),
+    })
+}
+
 /// The policy gave no usable answer: the configured default, guarded.
 fn safe_default(why: &str, facts: &Facts, node: &NodeView) -> Placement {
     match node.on_policy_failure {
@@ -434,6 +448,20 @@ mod tests {
             matches!(&placed, Placement::Run { target, reason } if *target == smol && reason.contains("not measured yet")),
             "{placed:?}"
         );
+    }
+
+    #[test]
+    fn a_failed_cloud_call_falls_back_locally_only_when_a_model_is_there() {
+        let (local, ups) = (names(&["smollm2"]), names(&["frontier"]));
+        let node = view(&local, &ups, OnPolicyFailure::Local);
+        let placed = after_cloud_failure("connection refused", "long", &node);
+        assert!(
+            matches!(&placed, Some(Placement::Run { target: Target::Local(m), reason })
+                if m == "smollm2" && reason.contains("cloud failed (connection refused): local fallback")),
+            "{placed:?}"
+        );
+        let node = view(&[], &ups, OnPolicyFailure::Local);
+        assert_eq!(after_cloud_failure("refused", "long", &node), None);
     }
 
     #[test]

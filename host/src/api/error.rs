@@ -63,6 +63,12 @@ impl From<Failure> for ApiError {
         use edgeroute_core::Refusal;
         match failure {
             Failure::Invalid(invalid) => invalid.into(),
+            Failure::Internal(message) => ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                "internal_error",
+                message,
+            ),
             Failure::Refused { refused, route } => {
                 let (status, kind) = match refused.cause {
                     Refusal::PolicyRejected { .. } => (StatusCode::FORBIDDEN, "permission_error"),

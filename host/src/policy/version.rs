@@ -242,9 +242,9 @@ impl PolicyVersion {
                         .and_then(|state| instance.get_export_index(&mut *store, Some(state), name))
                 };
                 let snapshot = func(&mut store, "snapshot")
-                    .and_then(|index| instance.get_typed_func(&mut store, &index).ok());
+                    .and_then(|index| instance.get_typed_func(&mut store, index).ok());
                 let restore = func(&mut store, "restore")
-                    .and_then(|index| instance.get_typed_func(&mut store, &index).ok());
+                    .and_then(|index| instance.get_typed_func(&mut store, index).ok());
                 (Bound::V2(policy), snapshot, restore)
             }
         };

@@ -19,7 +19,7 @@ use crate::policy::PolicyVersion;
 use crate::targets::Taint;
 use crate::targets::TargetFailure;
 use edgeroute_core::guard::{self, Facts, LocalFailure, NodeView, Placement};
-use edgeroute_core::{Features, Outcome, Prices, Refused, Target, Usage};
+use edgeroute_core::{Features, Outcome, Prices, Refused, Target, TargetKind, Usage};
 use features::Extracted;
 pub use features::Signals;
 pub use request::{Invalid, InvalidKind, Prepared};
@@ -44,6 +44,8 @@ pub enum Failure {
     Invalid(Invalid),
     /// The policy or the guard refused it.
     Refused { refused: Refused, route: Route },
+    /// The node itself failed (a bug, not the request): HTTP 500.
+    Internal(String),
     /// The target it was placed on failed before producing any text.
     Target {
         failure: TargetFailure,
@@ -119,14 +121,24 @@ pub async fn decide(
     let request =
         request::parse(body, &node.config.limits, id, created).map_err(Failure::Invalid)?;
     check_model(node, &request.requested_model).map_err(Failure::Invalid)?;
-    let extracted = features::extract(
-        &request,
-        signals,
-        &node.config.guard,
-        &node.local,
-        &node.cloud,
-    )
-    .map_err(Failure::Invalid)?;
+    // Tokenizing a long prompt takes milliseconds of CPU: off the async
+    // workers, so a large request cannot stall `/healthz` or other clients.
+    let (request, extracted) = {
+        let (node, signals) = (node.clone(), signals.clone());
+        tokio::task::spawn_blocking(move || {
+            let extracted = features::extract(
+                &request,
+                &signals,
+                &node.config.guard,
+                &node.local,
+                &node.cloud,
+            );
+            (request, extracted)
+        })
+        .await
+        .map_err(|e| Failure::Internal(format!("computing the request's features failed: {e}")))?
+    };
+    let extracted = extracted.map_err(Failure::Invalid)?;
     let (policy, decision) = node.policy.route(&extracted.features).await;
     node.shadow.compare(&extracted.features, &decision);
     let ctx = Context {
@@ -151,17 +163,28 @@ pub async fn serve(
     dispatch(decide(node, body, signals, id, created).await?).await
 }
 
-/// Run the placement; after a local failure ask the guard for the next
-/// hop. The guard never answers a local failure with another local run, so
-/// there are at most two hops.
+/// Run the placement; when the target fails before producing any text, ask
+/// the guard for the next hop (local busy or unavailable → cloud if the
+/// request may leave; cloud failed → local if a model is there). No target
+/// is tried twice, so an upstream never receives the same request again.
 pub async fn dispatch(decided: Decided) -> Result<Served, Failure> {
     let Decided { ctx, mut placement } = decided;
+    // Targets already tried, so a fallback never sends the request to the
+    // same place twice (local → cloud → local → … cannot happen).
+    let mut tried: Vec<Target> = Vec::new();
+    // The first failure, answered when every fallback is used up.
+    let mut failed: Option<(Run, TargetFailure)> = None;
     loop {
         let (target, reason) = match placement {
             Placement::Refuse(refused) => return Err(ctx.refused(refused).await),
             Placement::Run { target, reason } => (target, reason),
         };
-        if target.kind() == edgeroute_core::TargetKind::Local
+        if tried.contains(&target) {
+            let (run, failure) = failed.expect("a target is tried again only after a failure");
+            return ctx.answer(run, FirstEvent::Ended(Err(failure))).await;
+        }
+        tried.push(target.clone());
+        if target.kind() == TargetKind::Local
             && let Some(failure) = ctx.too_long_for_local()
         {
             placement = ctx.next_hop(&failure, &reason);
@@ -169,18 +192,30 @@ pub async fn dispatch(decided: Decided) -> Result<Served, Failure> {
         }
         let mut run = Run::launch(&ctx.node, target, reason, ctx.chat_request(), ctx.taint());
         let first = run.first_event().await;
-        if let (Target::Local(_), FirstEvent::Ended(Err(failure))) = (&run.target, &first) {
-            let local_failure = match failure {
-                TargetFailure::Busy(queue) => Some(LocalFailure::Busy { queue: *queue }),
-                TargetFailure::Unavailable(why) => Some(LocalFailure::Unavailable(why.clone())),
-                _ => None,
-            };
-            if let Some(local_failure) = local_failure {
-                placement = ctx.next_hop(&local_failure, &run.reason);
-                continue;
+        let FirstEvent::Ended(Err(failure)) = first else {
+            return ctx.answer(run, first).await;
+        };
+        let next = match (&run.target, &failure) {
+            (Target::Local(_), TargetFailure::Busy(queue)) => {
+                Some(ctx.next_hop(&LocalFailure::Busy { queue: *queue }, &run.reason))
             }
+            (Target::Local(_), TargetFailure::Unavailable(why)) => {
+                Some(ctx.next_hop(&LocalFailure::Unavailable(why.clone()), &run.reason))
+            }
+            // A bad request stays bad wherever it runs.
+            (Target::Cloud(_), TargetFailure::BadRequest(_)) => None,
+            (Target::Cloud(_), failure) => ctx.with_view(|view| {
+                guard::after_cloud_failure(&failure.to_string(), &run.reason, view)
+            }),
+            _ => None,
+        };
+        match next {
+            Some(next) => {
+                placement = next;
+                failed.get_or_insert((run, failure));
+            }
+            None => return ctx.answer(run, FirstEvent::Ended(Err(failure))).await,
         }
-        return ctx.answer(run, first).await;
     }
 }
 

@@ -2,22 +2,23 @@
 //! broken candidates, with state carried across swaps and restarts, in
 //! shadow, through the watched file, and behind the admin token.
 
-mod support;
-
-use serde_json::{Value, json};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-use support::{FakeCloud, Node, NodeBuilder, unique};
+
+use edgeroute_testkit::{FakeCloud, Node, NodeBuilder, REPO_ROOT, Resp, unique};
+use serde_json::{Value, json};
+
+use crate::EDGEROUTE;
+use crate::components::{
+    CLOUD_FETCH, POLICY_ALWAYS_CLOUD, POLICY_COUNTER, POLICY_COUNTER_V2, POLICY_DEFAULT,
+    POLICY_LOOP, POLICY_TRAP, POLICY_WRONG_WORLD,
+};
 
 const TOKEN: &str = "test-admin-token";
 
-fn component(name: &str) -> PathBuf {
-    Path::new(env!("EDGEROUTE_COMPONENTS_DIR")).join(name)
-}
-
-fn bytes(name: &str) -> Vec<u8> {
-    std::fs::read(component(name)).expect("fixture component exists")
+fn bytes(component: &str) -> Vec<u8> {
+    std::fs::read(component).expect("fixture component exists")
 }
 
 fn with_admin(builder: NodeBuilder) -> NodeBuilder {
@@ -110,12 +111,8 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 #[test]
 fn swap_storm_under_load_loses_no_request() {
     let cloud = FakeCloud::start();
-    let node = with_admin(Node::builder(&cloud).policy_component(component("policy_default.wasm")))
-        .start();
-    let (default_bytes, cloud_bytes) = (
-        bytes("policy_default.wasm"),
-        bytes("policy_always_cloud.wasm"),
-    );
+    let node = with_admin(EDGEROUTE.node(&cloud).policy_component(POLICY_DEFAULT)).start();
+    let (default_bytes, cloud_bytes) = (bytes(POLICY_DEFAULT), bytes(POLICY_ALWAYS_CLOUD));
     let id_default = active_id(&node);
     let (status, body) = swap(&node, &cloud_bytes);
     assert_eq!(status, 200, "{body}");
@@ -124,7 +121,7 @@ fn swap_storm_under_load_loses_no_request() {
 
     // Each response must name the version that decided it, and carry that
     // version's reason.
-    let check = |resp: &support::Resp| {
+    let check = |resp: &Resp| {
         assert_eq!(resp.status, 200, "{resp:?}");
         let id = resp
             .header("x-edgeroute-policy")
@@ -231,20 +228,12 @@ fn swap_storm_under_load_loses_no_request() {
 #[test]
 fn broken_candidates_are_refused_and_the_old_policy_keeps_answering() {
     let cloud = FakeCloud::start();
-    let node = with_admin(Node::builder(&cloud)).start();
+    let node = with_admin(EDGEROUTE.node(&cloud)).start();
     let before = active_id(&node);
-    let default_bytes = bytes("policy_default.wasm");
+    let default_bytes = bytes(POLICY_DEFAULT);
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
-        (
-            "wrong world",
-            bytes("policy_wrong_world.wasm"),
-            "policy world",
-        ),
-        (
-            "imports wasi:http",
-            bytes("cloud_fetch.wasm"),
-            "may not import",
-        ),
+        ("wrong world", bytes(POLICY_WRONG_WORLD), "policy world"),
+        ("imports wasi:http", bytes(CLOUD_FETCH), "may not import"),
         (
             // Allowed by the old allowlist but never linked for a policy:
             // it passed the check, then failed with a misleading message.
@@ -257,8 +246,8 @@ fn broken_candidates_are_refused_and_the_old_policy_keeps_answering() {
             default_bytes[..default_bytes.len() / 2].to_vec(),
             "not a valid WebAssembly component",
         ),
-        ("traps on its first call", bytes("policy_trap.wasm"), "trap"),
-        ("loops forever", bytes("policy_loop.wasm"), "timed out"),
+        ("traps on its first call", bytes(POLICY_TRAP), "trap"),
+        ("loops forever", bytes(POLICY_LOOP), "timed out"),
         (
             "not wasm at all",
             b"hello".to_vec(),
@@ -291,9 +280,10 @@ fn broken_candidates_are_refused_and_the_old_policy_keeps_answering() {
         // for the same reason: both call `policy::admit`.
         let file = node.dir().join(format!("{}.wasm", unique("candidate")));
         std::fs::write(&file, &component).unwrap();
-        let output = std::process::Command::new(env!("CARGO_BIN_EXE_edgeroute"))
+        let output = EDGEROUTE
+            .command()
             .args(["policy", "check", "--config"])
-            .arg(Path::new(support::REPO_ROOT).join("runtime-config/edgeroute.toml"))
+            .arg(Path::new(REPO_ROOT).join("runtime-config/edgeroute.toml"))
             .arg(&file)
             .output()
             .expect("run edgeroute policy check");
@@ -313,7 +303,7 @@ fn broken_candidates_are_refused_and_the_old_policy_keeps_answering() {
     }
 }
 
-fn counter_call(resp: &support::Resp) -> u64 {
+fn counter_call(resp: &Resp) -> u64 {
     assert_eq!(resp.status, 200, "{resp:?}");
     let reason = resp.reason().unwrap_or_default();
     reason
@@ -328,7 +318,7 @@ fn policy_state_survives_a_swap_and_a_restart(counter: &str, world: &str, other:
     let cloud = FakeCloud::start();
     let state_dir = std::env::temp_dir().join(unique("edgeroute-state"));
     let start = || {
-        with_admin(Node::builder(&cloud).policy_component(component(counter)))
+        with_admin(EDGEROUTE.node(&cloud).policy_component(counter))
             .arg("--state-dir")
             .arg(state_dir.display().to_string())
             .start()
@@ -354,7 +344,7 @@ fn policy_state_survives_a_swap_and_a_restart(counter: &str, world: &str, other:
 
     // A stateless version in between keeps nothing, and the rollback goes
     // back to the counter instance as it was.
-    let (status, body) = swap(&node, &bytes("policy_always_cloud.wasm"));
+    let (status, body) = swap(&node, &bytes(POLICY_ALWAYS_CLOUD));
     assert_eq!(status, 200, "{body}");
     let (status, body) = admin(&node, "POST", "/admin/policy/rollback", None, Some(TOKEN));
     assert_eq!(status, 200, "{body}");
@@ -385,27 +375,19 @@ fn policy_state_survives_a_swap_and_a_restart(counter: &str, world: &str, other:
 
 #[test]
 fn policy_state_survives_a_swap_and_a_restart_world_0_1() {
-    policy_state_survives_a_swap_and_a_restart(
-        "policy_counter.wasm",
-        "0.1",
-        "policy_counter_v2.wasm",
-    );
+    policy_state_survives_a_swap_and_a_restart(POLICY_COUNTER, "0.1", POLICY_COUNTER_V2);
 }
 
 #[test]
 fn policy_state_survives_a_swap_and_a_restart_world_0_2() {
-    policy_state_survives_a_swap_and_a_restart(
-        "policy_counter_v2.wasm",
-        "0.2",
-        "policy_counter.wasm",
-    );
+    policy_state_survives_a_swap_and_a_restart(POLICY_COUNTER_V2, "0.2", POLICY_COUNTER);
 }
 
 #[test]
 fn admin_endpoints_need_the_token_and_are_off_without_one() {
     let cloud = FakeCloud::start();
-    let node = with_admin(Node::builder(&cloud)).start();
-    let component = bytes("policy_always_cloud.wasm");
+    let node = with_admin(EDGEROUTE.node(&cloud)).start();
+    let component = bytes(POLICY_ALWAYS_CLOUD);
     for token in [None, Some("wrong-token")] {
         for (method, path) in [
             ("GET", "/admin/policy"),
@@ -421,7 +403,7 @@ fn admin_endpoints_need_the_token_and_are_off_without_one() {
     let before = active_id(&node);
     assert_eq!(before.len(), 12);
 
-    let off = Node::builder(&cloud).start();
+    let off = EDGEROUTE.node(&cloud).start();
     let (status, body) = admin(&off, "PUT", "/admin/policy", Some(&component), Some(TOKEN));
     assert_eq!(status, 404, "{body}");
     assert_eq!(body["error"]["code"], "admin_disabled");
@@ -438,8 +420,8 @@ fn admin_endpoints_need_the_token_and_are_off_without_one() {
 fn replacing_the_policy_file_swaps_it_in() {
     let cloud = FakeCloud::start();
     let file = std::env::temp_dir().join(format!("{}.wasm", unique("watched-policy")));
-    std::fs::copy(component("policy_default.wasm"), &file).unwrap();
-    let node = Node::builder(&cloud).policy_component(&file).start();
+    std::fs::copy(POLICY_DEFAULT, &file).unwrap();
+    let node = EDGEROUTE.node(&cloud).policy_component(&file).start();
     let resp = node.post_chat(long_prompt("before"), &[]);
     assert!(
         resp.reason()
@@ -450,7 +432,7 @@ fn replacing_the_policy_file_swaps_it_in() {
 
     // Write the new version beside it and rename over, as deploy tools do.
     let staged = file.with_extension("staged");
-    std::fs::copy(component("policy_always_cloud.wasm"), &staged).unwrap();
+    std::fs::copy(POLICY_ALWAYS_CLOUD, &staged).unwrap();
     std::fs::rename(&staged, &file).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -480,12 +462,12 @@ fn replacing_the_policy_file_swaps_it_in() {
 #[test]
 fn shadow_candidate_is_recorded_never_acted_on() {
     let cloud = FakeCloud::start();
-    let node = with_admin(Node::builder(&cloud)).start();
+    let node = with_admin(EDGEROUTE.node(&cloud)).start();
     let (status, body) = admin(
         &node,
         "PUT",
         "/admin/shadow",
-        Some(&bytes("policy_always_cloud.wasm")),
+        Some(&bytes(POLICY_ALWAYS_CLOUD)),
         Some(TOKEN),
     );
     assert_eq!(status, 200, "{body}");

@@ -8,30 +8,28 @@
 //! The build installs what is missing (pip, npm, cargo, apt) under
 //! ~/.cache/edgeroute-toolchains; the first run takes a few minutes, later
 //! ones about half a minute.
+//!
+//! Every node and policy check here runs under `exclusive()`: a Python or
+//! JavaScript policy takes seconds of both cores to load and must still
+//! answer `configure` within the 20 ms policy deadline, which it can miss
+//! beside another test's node (or another of these checks).
 
-mod support;
-
-use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::OnceLock;
 use std::time::Instant;
-use support::{FakeCloud, LOCAL_MODEL, Node, REPO_ROOT, UPSTREAM};
+
+use edgeroute_testkit::{FakeCloud, LOCAL_MODEL, Node, REPO_ROOT, UPSTREAM, exclusive};
+use serde_json::{Value, json};
+
+use crate::EDGEROUTE;
+use crate::components::POLICY_DEFAULT;
 
 /// Languages built by build-all.sh, as in its file names `policy_LANG.wasm`.
 const LANGUAGES: [&str; 3] = ["python", "js", "c"];
 
 /// In a test's own prompt, so the fake cloud can tell whether it leaked.
 const CANARY: &str = "canary-policy-languages-restricted";
-
-/// One node or policy check at a time. Loading a policy instantiates it and
-/// runs `configure` under the policy deadline (20 ms), and the Python and
-/// JavaScript components take seconds of both cores to compile: run side by
-/// side on a 2-core machine, a Python instantiation can miss that deadline.
-fn exclusive() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
 
 /// The components, built once per test run.
 fn components_dir() -> &'static Path {
@@ -172,9 +170,9 @@ fn run_cases(policy: Option<&Path>) -> Vec<Answer> {
     let label = policy.map_or("rust (embedded default)".to_owned(), |p| {
         p.display().to_string()
     });
-    let _one_at_a_time = exclusive();
+    let _alone = exclusive();
     let cloud = FakeCloud::start();
-    let mut builder = Node::builder(&cloud).local_max_prompt_tokens(64);
+    let mut builder = EDGEROUTE.node(&cloud).local_max_prompt_tokens(64);
     if let Some(path) = policy {
         builder = builder.policy_component(path);
     }
@@ -275,9 +273,10 @@ fn every_language_passes_policy_check() {
     let config = Path::new(REPO_ROOT).join("runtime-config/edgeroute.toml");
     for language in LANGUAGES {
         let path = component(language);
-        let _one_at_a_time = exclusive();
+        let _alone = exclusive();
         let started = Instant::now();
-        let output = Command::new(env!("CARGO_BIN_EXE_edgeroute"))
+        let output = EDGEROUTE
+            .command()
             .args(["policy", "check", "--reference", "--config"])
             .arg(&config)
             .arg(&path)
@@ -309,22 +308,26 @@ fn every_language_passes_policy_check() {
 #[test]
 fn every_language_hot_swaps_into_a_running_node() {
     let expected = reference().to_vec();
-    let _one_at_a_time = exclusive();
-    let cloud = FakeCloud::start();
-    let token = "policy-languages-admin";
-    let node = Node::builder(&cloud)
-        .local_max_prompt_tokens(64)
-        .env("EDGEROUTE_ADMIN_TOKEN", token)
-        .start();
-    let rust = Path::new(env!("EDGEROUTE_COMPONENTS_DIR")).join("policy_default.wasm");
+    // Built (or waited for) before taking the machine: the build needs no
+    // exclusivity, and other tests' nodes may run meanwhile.
+    let rust = PathBuf::from(POLICY_DEFAULT);
     let order: Vec<(String, PathBuf)> = LANGUAGES
         .iter()
         .map(|l| (l.to_string(), component(l)))
         .chain([("rust".to_string(), rust)])
         .collect();
+    let _alone = exclusive();
+    let cloud = FakeCloud::start();
+    let token = "policy-languages-admin";
+    let node = EDGEROUTE
+        .node(&cloud)
+        .local_max_prompt_tokens(64)
+        .env("EDGEROUTE_ADMIN_TOKEN", token)
+        .start();
     for (language, path) in order {
         let started = Instant::now();
-        let output = Command::new(env!("CARGO_BIN_EXE_edgeroute"))
+        let output = EDGEROUTE
+            .command()
             .args(["policy", "swap", "--node", &node.url(), "--token", token])
             .arg(&path)
             .output()

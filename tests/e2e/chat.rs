@@ -1,32 +1,26 @@
-//! End-to-end tests: the real `edgeroute` binary, the real SmolLM2 model, and
-//! a recording loopback "cloud" (see `support`).
+//! The OpenAI-compatible API end to end: where a request runs (local,
+//! cloud), what never leaves the node (declared or detected sensitivity,
+//! hostile policies, conflicting labels), failing closed when the local
+//! model is missing or busy, bad input, and the official Python client.
 //!
-//! Each test function starts its own [`FakeCloud`] and [`Node`], so tests are
-//! independent and may run in parallel; related checks share one node to
-//! avoid loading the model more often than needed.
-//!
-//! Needs the model (`./dev setup`, or `bash scripts/fetch-models.sh`) and the
-//! policy fixtures built by `host/build.rs` (`EDGEROUTE_COMPONENTS_DIR`).
-
-mod support;
+//! Related checks share one node to avoid loading the model more often than
+//! needed.
 
 use std::process::Command;
 
+use edgeroute_testkit::{
+    API_KEY_ENV, CLOUD_REPLY, FakeCloud, LOCAL_MODEL, Resp, UPSTREAM, UPSTREAM_MODEL, unique,
+};
 use serde_json::{Value, json};
-use support::{CLOUD_REPLY, FakeCloud, LOCAL_MODEL, Node, Resp, UPSTREAM, UPSTREAM_MODEL, unique};
 
-const POLICY_ALWAYS_CLOUD: &str = concat!(
-    env!("EDGEROUTE_COMPONENTS_DIR"),
-    "/policy_always_cloud.wasm"
-);
-const POLICY_TRAP: &str = concat!(env!("EDGEROUTE_COMPONENTS_DIR"), "/policy_trap.wasm");
-const POLICY_LOOP: &str = concat!(env!("EDGEROUTE_COMPONENTS_DIR"), "/policy_loop.wasm");
+use crate::EDGEROUTE;
+use crate::components::{POLICY_ALWAYS_CLOUD, POLICY_LOOP, POLICY_TRAP};
 
 const OPENAI_CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/openai_client.py");
 
 const SHORT_PROMPT: &str = "Say hello in one short sentence.";
 
-/// Extra request headers for [`Node::post_chat`].
+/// Extra request headers for `Node::post_chat`.
 type Headers<'a> = &'a [(&'a str, &'a str)];
 
 fn local_target() -> String {
@@ -173,7 +167,7 @@ fn assert_nothing_left(cloud: &FakeCloud, canaries: &[String], what: &str) {
 #[test]
 fn short_public_prompt_is_answered_locally() {
     let cloud = FakeCloud::start();
-    let node = Node::start(&cloud);
+    let node = EDGEROUTE.start(&cloud);
 
     let health = node.get("/healthz");
     assert_eq!(health.status, 200, "{health:?}");
@@ -259,7 +253,7 @@ fn short_public_prompt_is_answered_locally() {
 #[test]
 fn long_public_prompt_goes_to_cloud() {
     let cloud = FakeCloud::start();
-    let node = Node::start(&cloud);
+    let node = EDGEROUTE.start(&cloud);
 
     let canary = unique("canary-cloud");
     let prompt = long_prompt(&canary);
@@ -293,7 +287,7 @@ fn long_public_prompt_goes_to_cloud() {
         sent.header("authorization"),
         Some(expected_auth.as_str()),
         "API key from {} is sent as a bearer token",
-        support::API_KEY_ENV
+        API_KEY_ENV
     );
     assert!(
         !node.logs().contains(node.api_key()),
@@ -318,7 +312,8 @@ fn long_public_prompt_goes_to_cloud() {
 fn upstream_flag_overrides_the_configured_base_url() {
     let cloud = FakeCloud::start();
     // Nothing listens on the configured URL (port 9, "discard"); the flag wins.
-    let node = Node::builder(&cloud)
+    let node = EDGEROUTE
+        .node(&cloud)
         .upstream_url("http://127.0.0.1:9/v1")
         .arg("--upstream")
         .arg(format!("{UPSTREAM}={}", cloud.url()))
@@ -334,10 +329,31 @@ fn upstream_flag_overrides_the_configured_base_url() {
     );
 }
 
+/// A cloud call that fails before any text costs nothing; a public request
+/// is then served by the local model, and the upstream never sees it twice.
+#[test]
+fn a_failed_cloud_call_costs_nothing_and_falls_back_locally() {
+    let cloud = FakeCloud::start();
+    // Nothing listens on port 9: every cloud call fails to connect.
+    let node = EDGEROUTE
+        .node(&cloud)
+        .upstream_url("http://127.0.0.1:9/v1")
+        .start();
+    let resp = node.post_chat(chat(&long_prompt(&unique("cloud-down"))), &[]);
+    assert_local_completion(&resp, "long public prompt, upstream down");
+    let reason = resp.reason().unwrap_or_default();
+    assert!(
+        reason.contains("cloud failed") && reason.contains("local fallback"),
+        "{resp:?}"
+    );
+    let ledger = node.get("/ledger").json();
+    assert_eq!(ledger["totals"]["cloud_cost_usd"], 0.0, "{ledger}");
+}
+
 #[test]
 fn sensitive_prompts_stay_local() {
     let cloud = FakeCloud::start();
-    let node = Node::start(&cloud);
+    let node = EDGEROUTE.start(&cloud);
     let mut canaries = Vec::new();
 
     // Declared by header.
@@ -417,7 +433,8 @@ fn sensitive_prompts_stay_local() {
 fn restricted_prompt_fails_closed_when_local_model_is_unavailable() {
     let cloud = FakeCloud::start();
     let missing = std::env::temp_dir().join(format!("{}.gguf", unique("no-such-model")));
-    let node = Node::builder(&cloud)
+    let node = EDGEROUTE
+        .node(&cloud)
         .model_path(&missing)
         .model_optional(true)
         .start();
@@ -505,7 +522,8 @@ fn mentions_policy_failure(reason: &str) -> bool {
 /// keeps serving afterwards.
 fn hostile_policy_cannot_leak(component: &str, expect_failure_reason: bool) {
     let cloud = FakeCloud::start();
-    let mut node = Node::builder(&cloud)
+    let mut node = EDGEROUTE
+        .node(&cloud)
         .policy_component(component)
         .deadline_ms(20)
         .start();
@@ -601,7 +619,8 @@ fn hostile_policy_that_loops_forever_cannot_leak_restricted_prompts() {
 #[test]
 fn duplicated_or_conflicting_labels_cannot_send_restricted_data_out() {
     let cloud = FakeCloud::start();
-    let node = Node::builder(&cloud)
+    let node = EDGEROUTE
+        .node(&cloud)
         .policy_component(POLICY_ALWAYS_CLOUD)
         .start();
     let canaries: Vec<String> = ["dup-header", "list-header", "header-vs-body", "dup-json"]
@@ -691,7 +710,7 @@ fn official_openai_python_client_works() {
     }
 
     let cloud = FakeCloud::start();
-    let node = Node::start(&cloud);
+    let node = EDGEROUTE.start(&cloud);
     let base_url = format!("{}/v1", node.url());
     let output = Command::new(&python)
         .arg(OPENAI_CLIENT)
@@ -719,7 +738,7 @@ fn official_openai_python_client_works() {
 #[test]
 fn bad_input_gets_a_4xx_json_error_and_the_node_keeps_serving() {
     let cloud = FakeCloud::start();
-    let node = Node::start(&cloud);
+    let node = EDGEROUTE.start(&cloud);
     let json_bytes = |v: Value| serde_json::to_vec(&v).unwrap();
 
     let mut invalid_utf8 =
@@ -801,7 +820,7 @@ fn bad_input_gets_a_4xx_json_error_and_the_node_keeps_serving() {
 #[test]
 fn full_local_queue_fails_closed_for_restricted_and_spills_public_to_cloud() {
     let cloud = FakeCloud::start();
-    let node = Node::builder(&cloud).max_queue(0).start();
+    let node = EDGEROUTE.node(&cloud).max_queue(0).start();
 
     let canary = unique("canary-busy-restricted");
     let resp = node.post_chat(

@@ -1,0 +1,491 @@
+//! The process node: the real `edgeroute` binary, started with
+//! `edgeroute up` on a config written for the test, killed on drop.
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::exclusive::{self, Share};
+use crate::http::{self, REQUEST_TIMEOUT};
+use crate::{API_KEY_ENV, FakeCloud, LOCAL_MODEL, Resp, UPSTREAM, UPSTREAM_MODEL, lock, unique};
+
+/// The model `scripts/fetch-models.sh` installs (`./dev setup` runs it).
+const MODEL: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../models/SmolLM2-135M-Instruct.Q4_1.gguf"
+);
+/// How long a node may take from spawn to its "listening" line (model load included).
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(120);
+/// The line `edgeroute up` prints on stdout once it accepts requests.
+const LISTENING_PREFIX: &str = "edgeroute listening on http://";
+
+/// The `edgeroute` binary under test. Cargo tells only the test target it
+/// builds the binary for where it is, so that target names it once:
+/// `const EDGEROUTE: Edgeroute = Edgeroute::new(env!("CARGO_BIN_EXE_edgeroute"));`
+#[derive(Clone, Copy, Debug)]
+pub struct Edgeroute {
+    binary: &'static str,
+}
+
+impl Edgeroute {
+    pub const fn new(binary: &'static str) -> Edgeroute {
+        Edgeroute { binary }
+    }
+
+    /// A node pointed at `cloud`, to configure further and then
+    /// [`start`](NodeBuilder::start).
+    pub fn node(&self, cloud: &FakeCloud) -> NodeBuilder {
+        NodeBuilder::new(self.binary, cloud.url())
+    }
+
+    /// A node with the default test config pointed at `cloud`.
+    pub fn start(&self, cloud: &FakeCloud) -> Node {
+        self.node(cloud).start()
+    }
+
+    /// The binary as a command, for its other subcommands
+    /// (`policy check`, `policy swap`, …).
+    pub fn command(&self) -> Command {
+        Command::new(self.binary)
+    }
+}
+
+/// Writes a node config for a test and starts `edgeroute up` on it.
+#[derive(Clone, Debug)]
+pub struct NodeBuilder {
+    binary: &'static str,
+    policy_component: Option<PathBuf>,
+    model_path: PathBuf,
+    model_optional: bool,
+    upstream_url: String,
+    max_queue: u32,
+    deadline_ms: u64,
+    local_max_prompt_tokens: u32,
+    extra_args: Vec<String>,
+    env: Vec<(String, String)>,
+}
+
+impl NodeBuilder {
+    /// Defaults: embedded default policy, SmolLM2 required, the given
+    /// upstream, `max_queue = 8`, `deadline_ms = 20`,
+    /// `local_max_prompt_tokens = 64`.
+    fn new(binary: &'static str, upstream_url: String) -> NodeBuilder {
+        NodeBuilder {
+            binary,
+            policy_component: None,
+            model_path: PathBuf::from(MODEL),
+            model_optional: false,
+            upstream_url,
+            max_queue: 8,
+            deadline_ms: 20,
+            local_max_prompt_tokens: 64,
+            extra_args: Vec::new(),
+            env: Vec::new(),
+        }
+    }
+
+    /// Route with this policy component (`.wasm`) instead of the embedded default.
+    pub fn policy_component(mut self, path: impl Into<PathBuf>) -> Self {
+        self.policy_component = Some(path.into());
+        self
+    }
+
+    pub fn model_path(mut self, path: impl Into<PathBuf>) -> Self {
+        self.model_path = path.into();
+        self
+    }
+
+    /// `optional = true`: the node starts even when the model cannot be loaded.
+    pub fn model_optional(mut self, optional: bool) -> Self {
+        self.model_optional = optional;
+        self
+    }
+
+    pub fn upstream_url(mut self, url: impl Into<String>) -> Self {
+        self.upstream_url = url.into();
+        self
+    }
+
+    pub fn max_queue(mut self, n: u32) -> Self {
+        self.max_queue = n;
+        self
+    }
+
+    pub fn deadline_ms(mut self, ms: u64) -> Self {
+        self.deadline_ms = ms;
+        self
+    }
+
+    pub fn local_max_prompt_tokens(mut self, n: u32) -> Self {
+        self.local_max_prompt_tokens = n;
+        self
+    }
+
+    /// An extra argument after `edgeroute up --config … --listen 127.0.0.1:0`.
+    pub fn arg(mut self, arg: impl Into<String>) -> Self {
+        self.extra_args.push(arg.into());
+        self
+    }
+
+    /// An extra environment variable for the node process.
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
+    /// The TOML config this builder writes.
+    fn config_toml(&self) -> String {
+        let component = self
+            .policy_component
+            .as_deref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        format!(
+            r#"[local]
+threads = 1
+max_queue = {max_queue}
+context_size = 2048
+[[local.models]]
+name = "{LOCAL_MODEL}"
+path = {model_path}
+optional = {optional}
+[[cloud.upstreams]]
+name = "{UPSTREAM}"
+base_url = {base_url}
+model = "{UPSTREAM_MODEL}"
+api_key_env = "{API_KEY_ENV}"
+usd_per_mtok_in = 2.5
+usd_per_mtok_out = 10.0
+[policy]
+component = {component}
+deadline_ms = {deadline_ms}
+on_failure = "local"
+[policy.params]
+local_model = "{LOCAL_MODEL}"
+cloud_upstream = "{UPSTREAM}"
+local_max_prompt_tokens = "{local_max_prompt_tokens}"
+[guard]
+never_leave = ["restricted"]
+detect_pii = true
+[limits]
+max_body_bytes = 1048576
+"#,
+            max_queue = self.max_queue,
+            model_path = toml_string(&self.model_path.display().to_string()),
+            optional = self.model_optional,
+            base_url = toml_string(&self.upstream_url),
+            component = toml_string(&component),
+            deadline_ms = self.deadline_ms,
+            local_max_prompt_tokens = self.local_max_prompt_tokens,
+        )
+    }
+
+    /// Write the config and start the node; returns once it is listening.
+    /// Panics (with the node's output) if it exits or is not listening
+    /// within two minutes.
+    pub fn start(mut self) -> Node {
+        if let Ok(canonical) = self.model_path.canonicalize() {
+            self.model_path = canonical;
+        }
+        if !self.model_optional && !self.model_path.exists() {
+            panic!(
+                "model not found at {}: run `./dev setup` (or `bash scripts/fetch-models.sh`) first",
+                self.model_path.display()
+            );
+        }
+        if let Some(component) = &self.policy_component {
+            assert!(
+                component.exists(),
+                "policy component {} does not exist (host/build.rs builds the test fixtures)",
+                component.display()
+            );
+        }
+
+        let dir = std::env::temp_dir().join(unique("edgeroute-e2e"));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
+        let config_path = dir.join("edgeroute.toml");
+        let config = self.config_toml();
+        std::fs::write(&config_path, &config)
+            .unwrap_or_else(|e| panic!("write {}: {e}", config_path.display()));
+        eprintln!("[testkit] config {}:\n{config}", config_path.display());
+
+        let share = exclusive::share();
+        let api_key = unique("sk-edgeroute-test");
+        let mut command = Command::new(self.binary);
+        command
+            .arg("up")
+            .arg("--config")
+            .arg(&config_path)
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .args(&self.extra_args)
+            .current_dir(&dir)
+            .env(API_KEY_ENV, &api_key)
+            .env("NO_PROXY", "127.0.0.1,localhost")
+            .env("no_proxy", "127.0.0.1,localhost")
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        eprintln!("[testkit] starting {command:?}");
+        let mut child = command
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {}: {e}", self.binary));
+
+        let logs: Arc<Mutex<String>> = Arc::default();
+        let (ready_tx, ready_rx) = mpsc::channel::<SocketAddr>();
+        let stdout = child.stdout.take().expect("child stdout");
+        let stderr = child.stderr.take().expect("child stderr");
+        forward_output(stdout, "stdout", logs.clone(), ready_tx.clone());
+        forward_output(stderr, "stderr", logs.clone(), ready_tx);
+
+        let mut node = Node {
+            child,
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            dir,
+            logs,
+            api_key,
+            agent: http::agent(),
+            _share: share,
+        };
+
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        loop {
+            match ready_rx.recv_timeout(Duration::from_millis(100)) {
+                Ok(addr) => {
+                    node.addr = addr;
+                    break;
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                // Both pipes closed: the process is exiting; try_wait below sees it.
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    std::thread::sleep(Duration::from_millis(100))
+                }
+            }
+            if let Ok(Some(status)) = node.child.try_wait() {
+                std::thread::sleep(Duration::from_millis(200)); // let the readers drain
+                panic!(
+                    "edgeroute exited ({status}) before it printed `{LISTENING_PREFIX}ADDR`\n\
+                     --- node output ---\n{}",
+                    node.logs()
+                );
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "edgeroute did not print `{LISTENING_PREFIX}ADDR` within {STARTUP_TIMEOUT:?}\n\
+                     --- node output ---\n{}",
+                    node.logs()
+                );
+            }
+        }
+        eprintln!("[testkit] node listening on {}", node.url());
+        node
+    }
+}
+
+/// Quote a string as a TOML basic string.
+fn toml_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04X}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// Copy a child's output to stderr (captured by the test harness, shown on
+/// failure) and to `logs`; report the listening address once seen.
+fn forward_output(
+    stream: impl Read + Send + 'static,
+    label: &'static str,
+    logs: Arc<Mutex<String>>,
+    ready: mpsc::Sender<SocketAddr>,
+) {
+    std::thread::Builder::new()
+        .name(format!("edgeroute-{label}"))
+        .spawn(move || {
+            let mut reader = BufReader::new(stream);
+            let mut buf = Vec::new();
+            loop {
+                buf.clear();
+                match reader.read_until(b'\n', &mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+                let text = String::from_utf8_lossy(&buf);
+                let line = text.trim_end_matches(['\r', '\n']);
+                eprintln!("[edgeroute {label}] {line}");
+                {
+                    let mut logs = lock(&logs);
+                    logs.push_str(line);
+                    logs.push('\n');
+                }
+                if let Some(addr) = parse_listening_line(line) {
+                    let _ = ready.send(addr);
+                }
+            }
+        })
+        .expect("spawn output forwarder");
+}
+
+/// `…edgeroute listening on http://127.0.0.1:PORT…` → the address. Tolerates
+/// log decoration around it (timestamps, ANSI colours, a JSON log line).
+fn parse_listening_line(line: &str) -> Option<SocketAddr> {
+    let rest = &line[line.find(LISTENING_PREFIX)? + LISTENING_PREFIX.len()..];
+    let end = rest
+        .find(|c: char| !(c.is_ascii_hexdigit() || matches!(c, '.' | ':' | '[' | ']')))
+        .unwrap_or(rest.len());
+    rest[..end].parse().ok()
+}
+
+/// A running `edgeroute up` process; killed when dropped. While it runs,
+/// no [`exclusive`](crate::exclusive) section of another test does.
+pub struct Node {
+    child: Child,
+    addr: SocketAddr,
+    dir: PathBuf,
+    logs: Arc<Mutex<String>>,
+    api_key: String,
+    agent: ureq::Agent,
+    /// Released after the process is killed (fields drop after `drop`).
+    _share: Share,
+}
+
+impl Node {
+    /// `http://127.0.0.1:PORT` (append `/v1` for an OpenAI base URL).
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Everything the node printed so far (stdout and stderr, interleaved by line).
+    pub fn logs(&self) -> String {
+        lock(&self.logs).clone()
+    }
+
+    /// The upstream API key the node was given through [`API_KEY_ENV`].
+    pub fn api_key(&self) -> &str {
+        &self.api_key
+    }
+
+    /// The directory holding this node's config (its working directory).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// `POST /v1/chat/completions` with a JSON body and extra headers.
+    /// 4xx/5xx are returned, not raised; a transport failure panics.
+    pub fn post_chat(&self, body: Value, headers: &[(&str, &str)]) -> Resp {
+        self.try_post_chat(body, headers).unwrap_or_else(|e| {
+            panic!(
+                "POST /v1/chat/completions failed: {e}\n--- node output ---\n{}",
+                self.logs()
+            )
+        })
+    }
+
+    fn try_post_chat(&self, body: Value, headers: &[(&str, &str)]) -> Result<Resp, ureq::Error> {
+        let mut request = self
+            .agent
+            .post(format!("{}/v1/chat/completions", self.url()))
+            .header("content-type", "application/json");
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let bytes = serde_json::to_vec(&body).expect("serialize request body");
+        Resp::from_ureq(request.send(bytes)?)
+    }
+
+    /// `GET path` (e.g. `/healthz`, `/v1/models`).
+    pub fn get(&self, path: &str) -> Resp {
+        self.agent
+            .get(format!("{}{path}", self.url()))
+            .call()
+            .and_then(Resp::from_ureq)
+            .unwrap_or_else(|e| {
+                panic!(
+                    "GET {path} failed: {e}\n--- node output ---\n{}",
+                    self.logs()
+                )
+            })
+    }
+
+    /// `POST /v1/chat/completions` with arbitrary bytes (malformed JSON,
+    /// invalid UTF-8, oversized bodies), through the raw client: a node that
+    /// answers early (413 before reading a large body) and closes is seen
+    /// answering, not as a write error.
+    pub fn post_raw(&self, body: impl AsRef<[u8]>, content_type: &str) -> Resp {
+        let path = "/v1/chat/completions";
+        http::raw_post(
+            self.addr,
+            path,
+            body.as_ref(),
+            content_type,
+            REQUEST_TIMEOUT,
+        )
+        .unwrap_or_else(|e| {
+            panic!(
+                "raw POST {path} ({} bytes) failed: {e}\n--- node output ---\n{}",
+                body.as_ref().len(),
+                self.logs()
+            )
+        })
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_listening_line() {
+        let addr: SocketAddr = "127.0.0.1:4242".parse().unwrap();
+        for line in [
+            "edgeroute listening on http://127.0.0.1:4242",
+            "2025-01-01T00:00:00Z  INFO edgeroute listening on http://127.0.0.1:4242/ (3 models)",
+            "\u{1b}[32mINFO\u{1b}[0m edgeroute listening on http://127.0.0.1:4242\u{1b}[0m",
+            r#"{"level":"INFO","message":"edgeroute listening on http://127.0.0.1:4242","target":"x"}"#,
+        ] {
+            assert_eq!(parse_listening_line(line), Some(addr), "{line}");
+        }
+        assert_eq!(
+            parse_listening_line("edgeroute listening on http://[::1]:80"),
+            Some("[::1]:80".parse().unwrap())
+        );
+        assert_eq!(parse_listening_line("listening on 127.0.0.1:4242"), None);
+    }
+
+    #[test]
+    fn quotes_toml_strings() {
+        let quoted = toml_string("C:\\models\\\"x\".gguf");
+        let parsed: std::collections::BTreeMap<String, String> =
+            serde_json::from_str(&format!("{{\"v\": {quoted}}}")).unwrap();
+        assert_eq!(parsed["v"], "C:\\models\\\"x\".gguf");
+    }
+}

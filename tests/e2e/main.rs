@@ -1,0 +1,39 @@
+//! End-to-end tests: the real `edgeroute` binary, the real SmolLM2 model, and
+//! a recording loopback "cloud" (`edgeroute-testkit`, crates/testkit). One
+//! test binary, a module per area:
+//!
+//! - `chat`: the OpenAI API, placement, the guard and fail-closed paths;
+//! - `policy_swap`: hot swaps, rollback, state, shadow, the admin API;
+//! - `policy_languages`: the reference policy in Python, JavaScript and C.
+//!
+//! Each test starts its own [`FakeCloud`](edgeroute_testkit::FakeCloud) and
+//! node, so tests are independent and may run in parallel.
+//!
+//! Needs the model (`./dev setup`, or `bash scripts/fetch-models.sh`) and the
+//! guest components built by `host/build.rs` (paths in [`components`]).
+
+mod chat;
+mod policy_languages;
+mod policy_swap;
+
+use edgeroute_testkit::Edgeroute;
+
+/// The binary under test: `EDGEROUTE.start(&cloud)`,
+/// `EDGEROUTE.node(&cloud).max_queue(0).start()`, `EDGEROUTE.command()`.
+const EDGEROUTE: Edgeroute = Edgeroute::new(env!("CARGO_BIN_EXE_edgeroute"));
+
+/// Where `host/build.rs` put each guest component: `components::POLICY_TRAP`,
+/// … (one constant per entry of its table, generated).
+mod components {
+    include!(concat!(env!("OUT_DIR"), "/components.rs"));
+}
+
+#[test]
+fn every_component_is_where_its_constant_says() {
+    for (dir, path) in components::ALL {
+        assert!(
+            std::path::Path::new(path).is_file(),
+            "components/{dir}: {path} is missing"
+        );
+    }
+}

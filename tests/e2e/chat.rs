@@ -9,7 +9,7 @@
 use std::process::Command;
 
 use edgeroute_testkit::{
-    API_KEY_ENV, CLOUD_REPLY, FakeCloud, LOCAL_MODEL, Resp, UPSTREAM, UPSTREAM_MODEL, unique,
+    API_KEY_ENV, CLOUD_REPLY, FakeCloud, LOCAL_MODEL, Node, Resp, UPSTREAM, UPSTREAM_MODEL, unique,
 };
 use serde_json::{Value, json};
 
@@ -145,6 +145,25 @@ fn assert_openai_error(resp: &Resp, what: &str) -> Value {
         "{what}: error.code should be present (string or null)\n{resp:?}"
     );
     error.clone()
+}
+
+/// Control for the tests that prove nothing left: the same kind of prompt,
+/// public, does reach the cloud, so they do not pass only because nothing
+/// ever leaves.
+#[track_caller]
+fn assert_public_control_leaves(node: &Node, cloud: &FakeCloud) {
+    let canary = unique("canary-public");
+    let resp = node.post_chat(
+        chat(&long_prompt(&canary)),
+        &[("x-edgeroute-sensitivity", "public")],
+    );
+    assert_cloud_completion(&resp, "long public prompt (control)");
+    assert_eq!(
+        cloud.requests_mentioning(&canary).len(),
+        1,
+        "{}",
+        cloud.describe()
+    );
 }
 
 /// Nothing mentioning any canary reached the cloud, and no chat request did.
@@ -406,20 +425,7 @@ fn sensitive_prompts_stay_local() {
 
     assert_nothing_left(&cloud, &canaries, "sensitive prompts");
 
-    // Control: the same kind of prompt, public, does go to the cloud, so the
-    // checks above are not passing only because nothing ever leaves.
-    let canary = unique("canary-public");
-    let resp = node.post_chat(
-        chat(&long_prompt(&canary)),
-        &[("x-edgeroute-sensitivity", "public")],
-    );
-    assert_cloud_completion(&resp, "long public prompt (control)");
-    assert_eq!(
-        cloud.requests_mentioning(&canary).len(),
-        1,
-        "{}",
-        cloud.describe()
-    );
+    assert_public_control_leaves(&node, &cloud);
     for canary in &canaries {
         assert!(
             cloud.requests_mentioning(canary).is_empty(),
@@ -670,20 +676,7 @@ fn duplicated_or_conflicting_labels_cannot_send_restricted_data_out() {
     );
 
     assert_nothing_left(&cloud, &canaries, "duplicated or conflicting labels");
-    // Control: a plain public request does leave under this policy, so the
-    // checks above are not passing only because nothing ever leaves.
-    let canary = unique("dup-control");
-    let resp = node.post_chat(
-        chat(&long_prompt(&canary)),
-        &[("x-edgeroute-sensitivity", "public")],
-    );
-    assert_cloud_completion(&resp, "public control");
-    assert_eq!(
-        cloud.requests_mentioning(&canary).len(),
-        1,
-        "{}",
-        cloud.describe()
-    );
+    assert_public_control_leaves(&node, &cloud);
 }
 
 fn env_flag(name: &str) -> bool {

@@ -2,11 +2,10 @@
 //! broken candidates, with state carried across swaps and restarts, in
 //! shadow, through the watched file, and behind the admin token.
 
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use edgeroute_testkit::{FakeCloud, Node, NodeBuilder, REPO_ROOT, Resp, unique};
+use edgeroute_testkit::{FakeCloud, Node, NodeBuilder, Resp, unique};
 use serde_json::{Value, json};
 
 use crate::EDGEROUTE;
@@ -280,22 +279,8 @@ fn broken_candidates_are_refused_and_the_old_policy_keeps_answering() {
         // for the same reason: both call `policy::admit`.
         let file = node.dir().join(format!("{}.wasm", unique("candidate")));
         std::fs::write(&file, &component).unwrap();
-        let output = EDGEROUTE
-            .command()
-            .args(["policy", "check", "--config"])
-            .arg(Path::new(REPO_ROOT).join("runtime-config/edgeroute.toml"))
-            .arg(&file)
-            .output()
-            .expect("run edgeroute policy check");
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        assert!(
-            !output.status.success(),
-            "{what}: policy check passed:\n{text}"
-        );
+        let (passed, text) = EDGEROUTE.policy_check(&file, false);
+        assert!(!passed, "{what}: policy check passed:\n{text}");
         assert!(
             text.contains(expect),
             "{what}: expected '{expect}' in:\n{text}"

@@ -53,6 +53,30 @@ impl Edgeroute {
     pub fn command(&self) -> Command {
         Command::new(self.binary)
     }
+
+    /// `edgeroute policy check [--reference] --config
+    /// runtime-config/edgeroute.toml FILE`, run from the repository root:
+    /// whether it passed, and everything it printed.
+    pub fn policy_check(&self, file: &Path, reference: bool) -> (bool, String) {
+        let mut command = self.command();
+        command.args(["policy", "check"]);
+        if reference {
+            command.arg("--reference");
+        }
+        let output = command
+            .arg("--config")
+            .arg(Path::new(crate::REPO_ROOT).join("runtime-config/edgeroute.toml"))
+            .arg(file)
+            .current_dir(crate::REPO_ROOT)
+            .output()
+            .expect("run edgeroute policy check");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        (output.status.success(), text)
+    }
 }
 
 /// Writes a node config for a test and starts `edgeroute up` on it.

@@ -25,6 +25,7 @@ const COMPONENTS: &[(&str, &str)] = &[
     ("fixtures/policy-loop", "policy_loop.wasm"),
     ("fixtures/policy-counter", "policy_counter.wasm"),
     ("fixtures/policy-counter-v2", "policy_counter_v2.wasm"),
+    ("fixtures/policy-features-echo", "policy_features_echo.wasm"),
     ("fixtures/policy-wrong-world", "policy_wrong_world.wasm"),
     ("fixtures/cloud-fetch-snoop", "cloud_fetch_snoop.wasm"),
 ];

@@ -92,6 +92,7 @@ async fn through_wasi_nn(node: &Node, model: &str, sampling: Sampling) -> anyhow
     let generation = node.local.generate(Job {
         request,
         stream: Some(tx),
+        meter: Default::default(),
     });
     let collect = async {
         let mut first = None;
@@ -222,6 +223,27 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
     );
     println!(
         "  ratio = wasi-nn speed / direct speed (1.0 = no overhead); same greedy text on both paths: {same_text}"
+    );
+
+    // The confidence signal's share of a decode step: a log-softmax over
+    // the whole vocabulary for every token produced.
+    let vocab = model.vocab_size();
+    let logits: Vec<f32> = (0..vocab)
+        .map(|i| ((i * 7919) % 1000) as f32 / 100.0)
+        .collect();
+    let mut per_token = Vec::with_capacity(200);
+    for i in 0..200 {
+        let t = Instant::now();
+        std::hint::black_box(edgeroute_core::confidence::logprob(
+            std::hint::black_box(&logits),
+            i % vocab,
+        ));
+        per_token.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    let confidence_us = median(per_token);
+    println!(
+        "  confidence (log-softmax over {vocab} tokens): {confidence_us:.1} µs per token = {:.2} % of a decode step",
+        confidence_us / (1e6 / w_rate) * 100.0
     );
 
     // The policy call on its own, on the features the pipeline extracts.

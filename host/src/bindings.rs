@@ -22,7 +22,7 @@ pub mod policy_v2 {
         exports: { default: async },
     });
     pub use self::edgeroute::routing::types::{
-        Cascade, Decision, Features, Outcome, Plan, Sensitivity, Target,
+        Cascade, Decision, Estimate, Features, Outcome, Plan, Sensitivity, Target, TextStats,
     };
 }
 

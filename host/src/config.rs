@@ -136,6 +136,10 @@ pub struct PolicyConfig {
     pub watch: bool,
     /// Passed verbatim to the policy's `configure`.
     pub params: BTreeMap<String, String>,
+    /// A streamed cascade holds back this many tokens of the local answer,
+    /// judges their confidence, then streams them or escalates. More
+    /// tokens judge better and delay the first byte longer.
+    pub cascade_hold_tokens: u32,
 }
 
 impl Default for PolicyConfig {
@@ -147,6 +151,7 @@ impl Default for PolicyConfig {
             on_failure: OnPolicyFailure::Local,
             watch: true,
             params: BTreeMap::new(),
+            cascade_hold_tokens: 16,
         }
     }
 }

@@ -17,6 +17,9 @@ pub struct Entry<'a> {
     pub usage: Usage,
     pub latency_ms: f64,
     pub cost_usd: f64,
+    /// The first leg of a cascade whose answer was escalated: its work
+    /// counts, and the bucket shows how often the cascade gave up on it.
+    pub escalated: bool,
 }
 
 #[derive(Default, Serialize, Clone)]
@@ -47,6 +50,8 @@ struct Bucket {
     local: Aggregate,
     cloud: Aggregate,
     refused: u64,
+    /// Local answers a cascade replaced with another target's.
+    escalated: u64,
 }
 
 #[derive(PartialEq, Eq, PartialOrd, Ord, Clone)]
@@ -90,6 +95,7 @@ impl Ledger {
         };
         let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
         let bucket = buckets.entry(key).or_default();
+        bucket.escalated += entry.escalated as u64;
         match entry.served_by.map(Target::kind) {
             Some(TargetKind::Local) => bucket.local.add(&entry),
             // A peer is another node's local model, but it is off this
@@ -125,6 +131,7 @@ impl Ledger {
                 "local": { "requests": b.local.requests, "mean_latency_ms": b.local.mean_latency_ms(), "completion_tokens": b.local.completion_tokens },
                 "cloud": { "requests": b.cloud.requests, "mean_latency_ms": b.cloud.mean_latency_ms(), "completion_tokens": b.cloud.completion_tokens, "cost_usd": b.cloud.cost_usd },
                 "refused": b.refused,
+                "escalated": b.escalated,
                 "cost_avoided_usd": cost_avoided,
                 "latency_saved_ms": latency_saved_ms,
             }));
@@ -151,6 +158,7 @@ mod tests {
             },
             latency_ms,
             cost_usd,
+            escalated: false,
         }
     }
 

@@ -4,7 +4,8 @@
 //!
 //! - `chat`: the OpenAI API, placement, the guard and fail-closed paths;
 //! - `policy_swap`: hot swaps, rollback, state, shadow, the admin API;
-//! - `policy_languages`: the reference policy in Python, JavaScript and C.
+//! - `policy_languages`: the reference policy in Python, JavaScript and C;
+//! - `signals`: every feature a policy sees, and the confidence cascade.
 //!
 //! Each test starts its own [`FakeCloud`](edgeroute_testkit::FakeCloud) and
 //! node, so tests are independent and may run in parallel.
@@ -15,6 +16,7 @@
 mod chat;
 mod policy_languages;
 mod policy_swap;
+mod signals;
 
 use edgeroute_testkit::Edgeroute;
 

@@ -8,7 +8,7 @@
 //!   a quiet cloud fallback.
 //! - A policy that failed gets the configured safe default.
 
-use crate::decision::{Choice, Decision, PolicyFailure};
+use crate::decision::{Cascade, Choice, Decision, PolicyFailure};
 use crate::refusal::{Refusal, Refused};
 use crate::sensitivity::Sensitivity;
 use crate::target::Target;
@@ -69,7 +69,21 @@ pub struct NodeView<'a> {
 /// Where a request goes after the guard.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Placement {
-    Run { target: Target, reason: String },
+    Run {
+        target: Target,
+        reason: String,
+    },
+    /// Run `first` (a local model: confidence is measured there) and judge
+    /// its answer; below `min_confidence`, ask [`escalate`] for `then`.
+    /// `then` is None when the guard dropped the second hop (the request
+    /// may not go there): the answer is still judged, so the response can
+    /// say it was low-confidence.
+    Cascade {
+        first: Target,
+        then: Option<Target>,
+        min_confidence: f32,
+        reason: String,
+    },
     Refuse(Refused),
 }
 
@@ -98,21 +112,68 @@ pub fn place(
             return Placement::refuse(Refusal::PolicyRejected { message }, reason);
         }
         Choice::Run(target) => target,
-        Choice::Cascade(cascade) => {
-            // Both hops are judged by the same rules. The node does not
-            // measure the local model's confidence yet, so only the first
-            // hop runs; the reason says what became of the second.
-            let then = match place_target(cascade.then.clone(), String::new(), facts, node) {
-                Placement::Run { target, .. } if target == cascade.then => format!(
-                    "cascade to {target} below confidence {} not run: confidence is not measured yet",
-                    cascade.min_confidence
-                ),
-                _ => format!("cascade to {} dropped by the guard", cascade.then),
-            };
-            return place_target(cascade.first, format!("{reason}; {then}"), facts, node);
-        }
+        Choice::Cascade(cascade) => return place_cascade(cascade, reason, facts, node),
     };
     place_target(target, reason, facts, node)
+}
+
+/// Both hops of a cascade are judged by the same rules as a single target.
+/// Only a local first hop can be judged (confidence is measured on local
+/// models); a second hop the guard would not allow is dropped, and the
+/// request keeps whatever the first hop answers.
+fn place_cascade(cascade: Cascade, reason: String, facts: &Facts, node: &NodeView) -> Placement {
+    let min = cascade.min_confidence;
+    let first = place_target(cascade.first.clone(), reason, facts, node);
+    let Placement::Run { target, reason } = first else {
+        return first;
+    };
+    if !matches!(target, Target::Local(_)) {
+        let reason = format!(
+            "{reason}; no escalation to {}: confidence is measured only on local models",
+            cascade.then
+        );
+        return Placement::Run { target, reason };
+    }
+    if !min.is_finite() || min <= 0.0 {
+        return Placement::Run { target, reason };
+    }
+    let then = match place_target(cascade.then.clone(), String::new(), facts, node) {
+        Placement::Run { target: then, .. } if then == cascade.then && then != target => Ok(then),
+        _ if !facts.may_leave => Err(format!("{} data may not leave the node", facts.sensitivity)),
+        _ => Err("not available".to_string()),
+    };
+    let reason = match &then {
+        Ok(then) => format!("{reason}; escalate to {then} below confidence {min:.2}"),
+        Err(why) => format!("{reason}; no escalation to {}: {why}", cascade.then),
+    };
+    Placement::Cascade {
+        first: target,
+        then: then.ok(),
+        min_confidence: min,
+        reason,
+    }
+}
+
+/// The first hop of a cascade answered with `confidence`. Below the
+/// threshold, the second hop, judged again (the guard is asked at every
+/// hop); None keeps the first answer.
+pub fn escalate(
+    then: &Target,
+    confidence: f32,
+    min_confidence: f32,
+    facts: &Facts,
+    node: &NodeView,
+) -> Option<Placement> {
+    if confidence >= min_confidence {
+        return None;
+    }
+    let reason = format!("escalated: confidence {confidence:.2} < {min_confidence:.2}");
+    match place_target(then.clone(), reason, facts, node) {
+        placed @ Placement::Run { .. } if matches!(&placed, Placement::Run { target, .. } if target == then) => {
+            Some(placed)
+        }
+        _ => None,
+    }
 }
 
 /// Place one target the policy named.
@@ -290,7 +351,13 @@ mod tests {
     }
 
     fn is_off_node(placement: &Placement) -> bool {
-        matches!(placement, Placement::Run { target, .. } if target.leaves_node())
+        match placement {
+            Placement::Run { target, .. } => target.leaves_node(),
+            Placement::Cascade { first, then, .. } => {
+                first.leaves_node() || then.as_ref().is_some_and(Target::leaves_node)
+            }
+            Placement::Refuse(_) => false,
+        }
     }
 
     #[test]
@@ -418,7 +485,6 @@ mod tests {
 
     #[test]
     fn a_cascade_is_judged_hop_by_hop() {
-        use crate::decision::Cascade;
         let (local, ups) = (names(&["smollm2"]), names(&["frontier"]));
         let node = view(&local, &ups, OnPolicyFailure::Local);
         let cascade = |first: Target, then: Target| {
@@ -436,18 +502,51 @@ mod tests {
             Target::Local("smollm2".into()),
             Target::Cloud("frontier".into()),
         );
+        // Restricted: the second hop is dropped, and says why.
         let placed = place(cascade(smol.clone(), frontier.clone()), &RESTRICTED, &node);
         assert!(
-            matches!(&placed, Placement::Run { target, reason } if *target == smol && reason.contains("dropped by the guard")),
+            matches!(&placed, Placement::Cascade { first, then: None, reason, .. } if *first == smol && reason.contains("restricted data may not leave")),
             "{placed:?}"
         );
         let placed = place(cascade(frontier.clone(), smol.clone()), &RESTRICTED, &node);
         assert!(!is_off_node(&placed), "{placed:?}");
-        let placed = place(cascade(smol.clone(), frontier), &PUBLIC, &node);
+        // Public: both hops placed.
+        let placed = place(cascade(smol.clone(), frontier.clone()), &PUBLIC, &node);
         assert!(
-            matches!(&placed, Placement::Run { target, reason } if *target == smol && reason.contains("not measured yet")),
+            matches!(&placed, Placement::Cascade { first, then: Some(then), min_confidence, .. }
+                if *first == smol && *then == frontier && *min_confidence == 0.5),
             "{placed:?}"
         );
+        // A cloud first hop cannot be judged: it simply runs.
+        let placed = place(cascade(frontier.clone(), smol.clone()), &PUBLIC, &node);
+        assert!(
+            matches!(&placed, Placement::Run { target, reason } if *target == frontier && reason.contains("measured only on local")),
+            "{placed:?}"
+        );
+        // An unknown second hop is dropped, not a failure.
+        let placed = place(
+            cascade(smol.clone(), Target::Cloud("gone".into())),
+            &PUBLIC,
+            &node,
+        );
+        assert!(
+            matches!(&placed, Placement::Cascade { first, then: None, reason, .. } if *first == smol && reason.contains("not available")),
+            "{placed:?}"
+        );
+    }
+
+    #[test]
+    fn escalation_only_below_the_threshold_and_only_where_data_may_go() {
+        let (local, ups) = (names(&["smollm2"]), names(&["frontier"]));
+        let node = view(&local, &ups, OnPolicyFailure::Local);
+        let frontier = Target::Cloud("frontier".into());
+        assert_eq!(escalate(&frontier, 0.7, 0.6, &PUBLIC, &node), None);
+        let placed = escalate(&frontier, 0.41, 0.6, &PUBLIC, &node);
+        assert!(
+            matches!(&placed, Some(Placement::Run { target, reason }) if *target == frontier && reason == "escalated: confidence 0.41 < 0.60"),
+            "{placed:?}"
+        );
+        assert_eq!(escalate(&frontier, 0.0, 0.6, &RESTRICTED, &node), None);
     }
 
     #[test]

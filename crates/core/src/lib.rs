@@ -9,8 +9,10 @@
 //! WIT bindings into these types in one place, and the HTTP layer maps a
 //! refusal to a status code in one place.
 
+pub mod confidence;
 pub mod cost;
 pub mod decision;
+pub mod estimate;
 pub mod features;
 pub mod guard;
 pub mod outcome;
@@ -18,9 +20,11 @@ pub mod refusal;
 pub mod sensitivity;
 pub mod target;
 
+pub use confidence::Confidence;
 pub use cost::{Prices, Usage};
 pub use decision::{Cascade, Choice, Decision, PolicyFailure};
-pub use features::Features;
+pub use estimate::{Estimate, Ewma, Speed};
+pub use features::{Features, TextStats};
 pub use guard::{NodeView, OnPolicyFailure, Placement, Rules};
 pub use outcome::Outcome;
 pub use refusal::{Refusal, Refused};

@@ -92,6 +92,7 @@ pub struct NodeBuilder {
     local_max_prompt_tokens: u32,
     extra_args: Vec<String>,
     env: Vec<(String, String)>,
+    policy_params: Vec<(String, String)>,
 }
 
 impl NodeBuilder {
@@ -110,6 +111,7 @@ impl NodeBuilder {
             local_max_prompt_tokens: 64,
             extra_args: Vec::new(),
             env: Vec::new(),
+            policy_params: Vec::new(),
         }
     }
 
@@ -147,6 +149,12 @@ impl NodeBuilder {
 
     pub fn local_max_prompt_tokens(mut self, n: u32) -> Self {
         self.local_max_prompt_tokens = n;
+        self
+    }
+
+    /// An extra `[policy.params]` entry for the policy's `configure`.
+    pub fn policy_param(mut self, key: &str, value: &str) -> Self {
+        self.policy_params.push((key.into(), value.into()));
         self
     }
 
@@ -193,7 +201,7 @@ on_failure = "local"
 local_model = "{LOCAL_MODEL}"
 cloud_upstream = "{UPSTREAM}"
 local_max_prompt_tokens = "{local_max_prompt_tokens}"
-[guard]
+{policy_params}[guard]
 never_leave = ["restricted"]
 detect_pii = true
 [limits]
@@ -206,6 +214,11 @@ max_body_bytes = 1048576
             component = toml_string(&component),
             deadline_ms = self.deadline_ms,
             local_max_prompt_tokens = self.local_max_prompt_tokens,
+            policy_params = self
+                .policy_params
+                .iter()
+                .map(|(k, v)| format!("{k} = {}\n", toml_string(v)))
+                .collect::<String>(),
         )
     }
 

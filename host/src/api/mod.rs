@@ -27,6 +27,9 @@ pub const TARGET_HEADER: &str = "x-edgeroute-target";
 pub const REASON_HEADER: &str = "x-edgeroute-reason";
 /// The id (content hash) of the policy version that routed the request.
 pub const POLICY_HEADER: &str = "x-edgeroute-policy";
+/// The local model's confidence in the answer (0 to 1, the geometric mean
+/// of its tokens' probabilities), when known before the response began.
+pub const CONFIDENCE_HEADER: &str = "x-edgeroute-confidence";
 /// Declared sensitivity; may be repeated or a comma-separated list, and
 /// every value counts (the most restrictive wins).
 pub const SENSITIVITY_HEADER: &str = "x-edgeroute-sensitivity";
@@ -81,6 +84,9 @@ pub fn set_route_headers(headers: &mut HeaderMap, route: &Route) {
     {
         headers.insert(POLICY_HEADER, id);
     }
+    if let Some(confidence) = route.confidence {
+        headers.insert(CONFIDENCE_HEADER, clean(&format!("{confidence:.3}")));
+    }
 }
 
 async fn healthz(State(node): State<Arc<Node>>) -> Json<serde_json::Value> {
@@ -95,6 +101,8 @@ async fn healthz(State(node): State<Arc<Node>>) -> Json<serde_json::Value> {
         "policy_failures": node.policy.failures(),
         "local_models": node.local.model_names(),
         "local_queue_depth": node.local.queue_depth(),
+        "local_running": node.local.running(),
+        "local_wait_ms": node.local.wait_ms(),
         "cloud_upstreams": node.cloud.upstream_names(),
         "egress": {
             "allowed": node.cloud.audit.allowed.load(Ordering::Relaxed),

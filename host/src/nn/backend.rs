@@ -4,6 +4,7 @@
 //! `compute` takes `messages` or `prompt` (+ `metadata`) and prefills; each
 //! `compute` returns one `token`, and `finish` + `metadata` at the end.
 
+use super::Meter;
 use super::engine::{Generation, LoadedModel, Sampling};
 use serde::Deserialize;
 use std::collections::HashMap;
@@ -36,14 +37,22 @@ impl BackendInner for GgmlBackend {
     }
 }
 
-/// The models a guest may open with `load-by-name`.
+/// The models a guest may open with `load-by-name`, made for one request:
+/// every generation it starts reports its tokens' log-probabilities to
+/// the request's [`Meter`], which the router reads while text streams.
 #[derive(Clone, Default)]
 pub struct ModelRegistry(HashMap<String, Graph>);
 
 impl ModelRegistry {
-    pub fn insert(&mut self, model: Arc<LoadedModel>) {
-        let graph: Box<dyn BackendGraph> = Box::new(LlamaGraph(model.clone()));
-        self.0.insert(model.name.clone(), Graph::from(graph));
+    pub fn new<'a>(models: impl IntoIterator<Item = &'a Arc<LoadedModel>>, meter: &Meter) -> Self {
+        let graphs = models.into_iter().map(|model| {
+            let graph: Box<dyn BackendGraph> = Box::new(LlamaGraph {
+                model: model.clone(),
+                meter: meter.clone(),
+            });
+            (model.name.clone(), Graph::from(graph))
+        });
+        Self(graphs.collect())
     }
 }
 
@@ -56,12 +65,16 @@ impl GraphRegistry for ModelRegistry {
     }
 }
 
-struct LlamaGraph(Arc<LoadedModel>);
+struct LlamaGraph {
+    model: Arc<LoadedModel>,
+    meter: Meter,
+}
 
 impl BackendGraph for LlamaGraph {
     fn init_execution_context(&self) -> Result<ExecutionContext, BackendError> {
         let ctx: Box<dyn BackendExecutionContext> = Box::new(LlamaExecution {
-            model: self.0.clone(),
+            model: self.model.clone(),
+            meter: self.meter.clone(),
             generation: Mutex::new(None),
         });
         Ok(ExecutionContext::from(ctx))
@@ -72,6 +85,7 @@ impl BackendGraph for LlamaGraph {
 /// execution context shareable as the trait requires (it is never contended).
 struct LlamaExecution {
     model: Arc<LoadedModel>,
+    meter: Meter,
     generation: Mutex<Option<Generation>>,
 }
 
@@ -156,12 +170,18 @@ impl BackendExecutionContext for LlamaExecution {
             .as_mut()
             .ok_or_else(|| failure("compute before any 'messages' or 'prompt' input"))?;
         let step = generation.step().map_err(backend_error)?;
+        let confidence = generation.confidence;
+        *self.meter.lock().unwrap_or_else(|p| p.into_inner()) = confidence;
         let mut outputs = vec![bytes_tensor("token", step.text.into_bytes())];
         if let Some(finish) = step.finish {
             outputs.push(bytes_tensor("finish", finish.as_str().as_bytes().to_vec()));
             let usage = serde_json::json!({
                 "input-tokens": generation.prompt_tokens,
                 "output-tokens": generation.completion_tokens,
+                "confidence": confidence.score(),
+                "logprob-mean": confidence.mean_logprob(),
+                "logprob-min": confidence.min_logprob(),
+                "logprob-first-k": confidence.first_k_mean(),
             });
             outputs.push(bytes_tensor("metadata", usage.to_string().into_bytes()));
         }

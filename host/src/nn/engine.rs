@@ -3,6 +3,8 @@
 //! direct baseline both drive this type, so they measure the same work.
 
 use anyhow::{Context, anyhow, bail};
+use edgeroute_core::confidence::{self, Confidence};
+use edgeroute_core::{Estimate, Speed};
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::context::params::LlamaContextParams;
 use llama_cpp_2::llama_backend::LlamaBackend;
@@ -13,7 +15,8 @@ use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::token::LlamaToken;
 use std::num::NonZeroU32;
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
 
 /// llama.cpp's global state may be initialised once per process.
 fn backend() -> &'static LlamaBackend {
@@ -44,6 +47,9 @@ pub struct LoadedModel {
     model: LlamaModel,
     template: Option<LlamaChatTemplate>,
     runtime: RuntimeParams,
+    /// Measured on every generation: context creation (the overhead),
+    /// prefill and decode per token. The router's latency estimates.
+    speed: Mutex<Speed>,
 }
 
 /// What a client may set per request.
@@ -80,6 +86,7 @@ impl LoadedModel {
             model,
             template,
             runtime,
+            speed: Mutex::new(Speed::default()),
         }))
     }
 
@@ -106,6 +113,22 @@ impl LoadedModel {
         // parse_special: the template's control tokens (<|im_start|>) must
         // become single tokens, as the model was trained.
         self.model.vocab().tokenize(text.as_bytes(), true, true)
+    }
+
+    /// How long a request of this size would take here once its turn
+    /// comes after `wait_ms`; None before the first generation.
+    pub fn estimate(&self, prompt_tokens: u32, max_tokens: u32, wait_ms: f64) -> Option<Estimate> {
+        let speed = self.speed.lock().unwrap_or_else(|p| p.into_inner());
+        speed.estimate(prompt_tokens, max_tokens, wait_ms)
+    }
+
+    fn measured(&self, update: impl FnOnce(&mut Speed)) {
+        update(&mut self.speed.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+
+    /// Tokens in the model's vocabulary (the length of a logits row).
+    pub fn vocab_size(&self) -> usize {
+        self.model.n_vocab().max(0) as usize
     }
 
     pub fn context_size(&self) -> u32 {
@@ -155,11 +178,16 @@ pub struct Generation {
     /// Bytes of a UTF-8 character split across tokens.
     pending: Vec<u8>,
     finished: Option<Finish>,
+    /// Log-probabilities of the tokens produced so far.
+    pub confidence: Confidence,
+    /// When decoding began (after the prefill), for the decode speed.
+    decode_started: Instant,
     model: Arc<LoadedModel>,
 }
 
 impl Generation {
     fn new(model: Arc<LoadedModel>, prompt: &str, sampling: Sampling) -> anyhow::Result<Self> {
+        let started = Instant::now();
         let tokens = model.tokenize(prompt);
         let n_ctx = model.runtime.context_size;
         if tokens.len() as u64 + 1 > n_ctx as u64 {
@@ -187,6 +215,7 @@ impl Generation {
             .model
             .new_context(backend(), params)
             .context("llama.cpp could not create a context")?;
+        let created = Instant::now();
         // SAFETY: the context borrows `model.model`; `Generation` owns an Arc
         // of that model and drops the context first (field order), so the
         // borrow never outlives the model.
@@ -202,6 +231,8 @@ impl Generation {
             max_tokens,
             pending: Vec::new(),
             finished: None,
+            confidence: Confidence::default(),
+            decode_started: created,
             model,
         };
         let last = tokens.len() - 1;
@@ -219,6 +250,14 @@ impl Generation {
                 .decode(&mut generation.batch)
                 .context("llama.cpp prefill failed")?;
         }
+        let prefilled = Instant::now();
+        generation.model.measured(|speed| {
+            speed.overhead_ms.add(ms(created.duration_since(started)));
+            speed
+                .prefill_ms_per_token
+                .add(ms(prefilled.duration_since(created)) / tokens.len() as f64);
+        });
+        generation.decode_started = prefilled;
         if max_tokens == 0 {
             generation.finished = Some(Finish::Length);
         }
@@ -238,12 +277,17 @@ impl Generation {
                 finish: Some(finish),
             });
         }
-        let token = self
-            .sampler
-            .sample(&self.context, self.batch.n_tokens() - 1);
+        let last = self.batch.n_tokens() - 1;
+        let token = self.sampler.sample(&self.context, last);
         self.sampler.accept(token);
+        // The model's own probability of the token, whatever the sampler
+        // did: the confidence a cascade judges.
+        let logits = self.context.get_logits_ith(last);
+        self.confidence
+            .add(confidence::logprob(logits, token.0 as usize));
         let vocab = self.model.model.vocab();
         if vocab.is_eog(token) {
+            self.record_decode_speed();
             self.finished = Some(Finish::Stop);
             return Ok(Step {
                 text: self.flush_pending(),
@@ -255,6 +299,7 @@ impl Generation {
             .extend_from_slice(&vocab.token_to_piece(token, false, None));
         let text = self.take_complete_utf8();
         if self.completion_tokens >= self.max_tokens {
+            self.record_decode_speed();
             self.finished = Some(Finish::Length);
             let mut text = text;
             text.push_str(&self.flush_pending());
@@ -270,6 +315,15 @@ impl Generation {
             .decode(&mut self.batch)
             .context("llama.cpp decode failed")?;
         Ok(Step { text, finish: None })
+    }
+
+    fn record_decode_speed(&self) {
+        if self.completion_tokens == 0 {
+            return;
+        }
+        let per_token = ms(self.decode_started.elapsed()) / self.completion_tokens as f64;
+        self.model
+            .measured(|speed| speed.decode_ms_per_token.add(per_token));
     }
 
     /// Run to the end; the benchmark's baseline and non-streaming callers.
@@ -307,6 +361,10 @@ impl Generation {
         self.pending.clear();
         s
     }
+}
+
+fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1e3
 }
 
 fn sampler_for(sampling: &Sampling) -> LlamaSampler {

@@ -106,9 +106,32 @@ pub mod v2 {
             latency_budget_ms: f.latency_budget_ms,
             stream: f.stream,
             message_count: f.message_count,
+            text: wit::TextStats {
+                chars: f.text.chars,
+                words: f.text.words,
+                digits: f.text.digits,
+                code: f.text.code,
+                question: f.text.question,
+                non_ascii_permille: f.text.non_ascii_permille,
+            },
             local_queue_depth: f.local_queue_depth,
+            local_running: f.local_running,
+            local_wait_ms: f.local_wait_ms,
+            local_estimate: f.local_estimate.map(estimate),
+            cloud_estimates: f
+                .cloud_estimates
+                .iter()
+                .map(|(name, e)| (name.clone(), estimate(*e)))
+                .collect(),
             local_models: f.local_models.clone(),
             cloud_upstreams: f.cloud_upstreams.clone(),
+        }
+    }
+
+    fn estimate(e: edgeroute_core::Estimate) -> wit::Estimate {
+        wit::Estimate {
+            ttft_ms: e.ttft_ms,
+            total_ms: e.total_ms,
         }
     }
 

@@ -1,6 +1,7 @@
 //! Features, the pipeline's second step: what the policy gets to see of a
-//! request (sizes, sensitivity, task, budget, load — never the prompt text
-//! itself), and the facts the guard judges it by.
+//! request (sizes, text statistics, sensitivity, task, budget, load, the
+//! host's latency estimates — never the prompt text itself), and the facts
+//! the guard judges it by.
 //!
 //! Sensitivity is collected from every place a level can come from (each
 //! value of each sensitivity header, `metadata.sensitivity`, detection) into
@@ -12,7 +13,7 @@ use crate::pii;
 use crate::targets::cloud::CloudTarget;
 use crate::targets::local::LocalTarget;
 use edgeroute_core::guard::Facts;
-use edgeroute_core::{Features, Sensitivity, SensitivitySet, Source};
+use edgeroute_core::{Features, Sensitivity, SensitivitySet, Source, TextStats};
 
 /// Request-level signals that travel outside the body (HTTP headers).
 #[derive(Debug, Clone, Default)]
@@ -116,7 +117,7 @@ pub fn extract(
         sensitivity: level,
         may_leave: guard.may_leave(level),
     };
-    let features = Features {
+    let mut features = Features {
         request_id: request.id.clone(),
         requested_model: request.requested_model.clone(),
         prompt_tokens: prompt_tokens(request, local)?,
@@ -133,10 +134,21 @@ pub fn extract(
         latency_budget_ms: latency_budget_ms(request, signals),
         stream: request.stream,
         message_count: request.messages.len() as u32,
+        text: TextStats::of(&request.messages),
         local_queue_depth: local.queue_depth(),
+        local_running: local.running(),
+        local_wait_ms: local.wait_ms(),
+        local_estimate: None,
+        cloud_estimates: Vec::new(),
         local_models: local.model_names(),
         cloud_upstreams: cloud.upstream_names(),
     };
+    // The estimates scale with the request's size, so they come last.
+    features.local_estimate = features
+        .local_models
+        .first()
+        .and_then(|model| local.estimate(model, &features));
+    features.cloud_estimates = cloud.estimates(&features);
     Ok(Extracted {
         features,
         sensitivity,

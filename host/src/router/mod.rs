@@ -9,6 +9,7 @@
 //! The guard (`edgeroute_core::guard`) is asked at every hop: the first
 //! placement and every fallback after a local failure.
 
+mod cascade;
 pub mod features;
 pub mod request;
 mod run;
@@ -18,12 +19,14 @@ use crate::node::Node;
 use crate::policy::PolicyVersion;
 use crate::targets::Taint;
 use crate::targets::TargetFailure;
+use cascade::Judge;
 use edgeroute_core::guard::{self, Facts, LocalFailure, NodeView, Placement};
 use edgeroute_core::{Features, Outcome, Prices, Refused, Target, TargetKind, Usage};
 use features::Extracted;
 pub use features::Signals;
 pub use request::{Invalid, InvalidKind, Prepared};
 use run::{FirstEvent, Run};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -35,6 +38,10 @@ pub struct Route {
     pub reason: String,
     /// The policy version that decided.
     pub policy_id: Option<String>,
+    /// The local model's confidence in the answer, when it was known
+    /// before the response started (a finished local answer, a judged
+    /// cascade).
+    pub confidence: Option<f32>,
 }
 
 /// Why a request was not served.
@@ -83,6 +90,17 @@ pub enum Output {
     Streaming(Box<Stream>),
 }
 
+/// Which part of a request a ledger entry is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Leg {
+    /// The answer the client got (or the failure it saw).
+    Answer,
+    /// A second target a cascade tried that failed.
+    FailedEscalation,
+    /// A cascade's first answer, replaced by the second target's.
+    Escalated,
+}
+
 /// Everything the later steps need about one request.
 struct Context {
     node: Arc<Node>,
@@ -91,6 +109,9 @@ struct Context {
     request: Prepared,
     extracted: Extracted,
     started: Instant,
+    /// The first hop's confidence when a cascade judged it; the outcome
+    /// reports it even when another target served the answer.
+    judged: Option<f32>,
 }
 
 /// A request after policy and guard, not yet dispatched.
@@ -147,6 +168,7 @@ pub async fn decide(
         request,
         extracted,
         started,
+        judged: None,
     };
     let placement = ctx.with_view(|view| guard::place(decision, &ctx.extracted.facts, view));
     Ok(Decided { ctx, placement })
@@ -175,9 +197,22 @@ pub async fn dispatch(decided: Decided) -> Result<Served, Failure> {
     // The first failure, answered when every fallback is used up.
     let mut failed: Option<(Run, TargetFailure)> = None;
     loop {
-        let (target, reason) = match placement {
+        let (target, reason, judge) = match placement {
             Placement::Refuse(refused) => return Err(ctx.refused(refused).await),
-            Placement::Run { target, reason } => (target, reason),
+            Placement::Run { target, reason } => (target, reason, None),
+            Placement::Cascade {
+                first,
+                then,
+                min_confidence,
+                reason,
+            } => (
+                first,
+                reason,
+                Some(Judge {
+                    then,
+                    min_confidence,
+                }),
+            ),
         };
         if tried.contains(&target) {
             let (run, failure) = failed.expect("a target is tried again only after a failure");
@@ -193,7 +228,12 @@ pub async fn dispatch(decided: Decided) -> Result<Served, Failure> {
         let mut run = Run::launch(&ctx.node, target, reason, ctx.chat_request(), ctx.taint());
         let first = run.first_event().await;
         let FirstEvent::Ended(Err(failure)) = first else {
-            return ctx.answer(run, first).await;
+            // A fallback hop is not judged: the cascade was planned for
+            // the first target only.
+            return match judge {
+                Some(judge) => cascade::judge(ctx, run, first, judge).await,
+                None => ctx.answer(run, first).await,
+            };
         };
         let next = match (&run.target, &failure) {
             (Target::Local(_), TargetFailure::Busy(queue)) => {
@@ -303,6 +343,7 @@ impl Context {
             target,
             reason,
             policy_id: Some(self.policy.id.clone()),
+            confidence: self.judged,
         }
     }
 
@@ -320,7 +361,8 @@ impl Context {
     }
 
     async fn refused(&self, refused: Refused) -> Failure {
-        self.account(None, false, Usage::default()).await;
+        self.finish_request(None, false, Usage::default(), None)
+            .await;
         let route = self.route(None, refused.reason.clone());
         Failure::Refused { refused, route }
     }
@@ -343,49 +385,72 @@ impl Context {
     }
 
     async fn answer(self, run: Run, first: FirstEvent) -> Result<Served, Failure> {
-        let route = self.route(Some(run.target.clone()), run.reason.clone());
-        let output = match first {
-            FirstEvent::Ended(Ok(completion)) => {
-                let finished = self.finished(completion);
-                self.account(Some(&run.target), true, finished.usage).await;
-                Output::Done(finished)
-            }
-            FirstEvent::Ended(Err(failure)) => {
-                self.account(Some(&run.target), false, Usage::default())
-                    .await;
-                return Err(Failure::Target { failure, route });
-            }
-            FirstEvent::Delta(delta) => {
-                return Ok(Served {
-                    id: self.request.id.clone(),
-                    created: self.request.created,
-                    stream: self.request.stream,
-                    include_usage: self.request.include_usage,
-                    model: self.model_label(&run.target),
-                    route,
-                    output: Output::Streaming(Box::new(Stream {
-                        pending: Some(delta),
-                        run,
-                        ctx: self,
-                    })),
-                });
-            }
+        let held = match first {
+            FirstEvent::Delta(delta) => VecDeque::from([delta]),
+            FirstEvent::Ended(ended) => return self.answer_ended(run, ended).await,
         };
-        Ok(Served {
-            id: self.request.id.clone(),
-            created: self.request.created,
-            stream: self.request.stream,
-            include_usage: self.request.include_usage,
-            model: self.model_label(&run.target),
-            route,
-            output,
-        })
+        Ok(self.answer_streaming(run, held))
     }
 
-    /// Ledger entry and the policy's `observe`, once per request. Only a
-    /// cloud run that succeeded is charged: a failed call costs nothing.
-    async fn account(&self, served_by: Option<&Target>, ok: bool, usage: Usage) {
-        let latency_ms = self.started.elapsed().as_secs_f64() * 1e3;
+    /// The target finished before its answer was sent.
+    async fn answer_ended(
+        mut self,
+        run: Run,
+        ended: Result<Completion, TargetFailure>,
+    ) -> Result<Served, Failure> {
+        let mut route = self.route(Some(run.target.clone()), run.reason.clone());
+        let completion = match ended {
+            Ok(completion) => completion,
+            Err(failure) => {
+                self.account(&run, false, Usage::default()).await;
+                return Err(Failure::Target { failure, route });
+            }
+        };
+        route.confidence = route.confidence.or_else(|| run.confidence());
+        self.judged = route.confidence;
+        let finished = self.finished(completion);
+        self.account(&run, true, finished.usage).await;
+        Ok(self.served(&run, route)(Output::Done(finished)))
+    }
+
+    /// Text is flowing: `held` is what arrived before the answer began.
+    fn answer_streaming(self, run: Run, held: VecDeque<String>) -> Served {
+        let route = self.route(Some(run.target.clone()), run.reason.clone());
+        let served = self.served(&run, route);
+        served(Output::Streaming(Box::new(Stream {
+            pending: held,
+            run,
+            ctx: self,
+        })))
+    }
+
+    /// The answer's envelope, to be filled with its output.
+    fn served(&self, run: &Run, route: Route) -> impl FnOnce(Output) -> Served + use<> {
+        let r = &self.request;
+        let (id, created, stream, include_usage) =
+            (r.id.clone(), r.created, r.stream, r.include_usage);
+        let model = self.model_label(&run.target);
+        move |output| Served {
+            id,
+            created,
+            stream,
+            include_usage,
+            model,
+            route,
+            output,
+        }
+    }
+
+    /// One leg's ledger entry: what ran where, for how long, at what
+    /// cost. Only a cloud run that succeeded is charged: a failed call
+    /// costs nothing. A cascade has two legs; other requests one.
+    fn record_leg(
+        &self,
+        served_by: Option<&Target>,
+        ok: bool,
+        usage: Usage,
+        leg: Leg,
+    ) -> (Usage, f64) {
         let usage = Usage {
             prompt_tokens: match usage.prompt_tokens {
                 0 => self.features().prompt_tokens,
@@ -408,15 +473,44 @@ impl Context {
                 .unwrap_or(0.0),
             _ => 0.0,
         };
-        let sensitivity = self.facts().sensitivity;
         self.node.ledger.record(crate::ledger::Entry {
             served_by,
-            sensitivity,
+            sensitivity: self.facts().sensitivity,
             task: &self.features().task,
             usage,
-            latency_ms,
+            latency_ms: self.started.elapsed().as_secs_f64() * 1e3,
             cost_usd,
+            escalated: leg == Leg::Escalated,
         });
+        (usage, cost_usd)
+    }
+
+    /// The request's last leg: its ledger entry, the upstream's measured
+    /// speed, the log line and the policy's `observe`, once per request.
+    async fn account(&self, run: &Run, ok: bool, usage: Usage) {
+        if ok && let Target::Cloud(name) = &run.target {
+            let ttft = run
+                .first_text
+                .map(|t| t.duration_since(run.started).as_secs_f64() * 1e3);
+            let total = run.started.elapsed().as_secs_f64() * 1e3;
+            self.node
+                .cloud
+                .observe_speed(name, ttft, total, usage.completion_tokens);
+        }
+        let confidence = self.judged.or_else(|| run.confidence());
+        self.finish_request(Some(&run.target), ok, usage, confidence)
+            .await;
+    }
+
+    async fn finish_request(
+        &self,
+        served_by: Option<&Target>,
+        ok: bool,
+        usage: Usage,
+        confidence: Option<f32>,
+    ) {
+        let latency_ms = self.started.elapsed().as_secs_f64() * 1e3;
+        let (usage, cost_usd) = self.record_leg(served_by, ok, usage, Leg::Answer);
         let served = crate::policy::convert::served_by(served_by);
         tracing::info!(
             request_id = %self.request.id,
@@ -425,6 +519,7 @@ impl Context {
             latency_ms = latency_ms as u64,
             prompt_tokens = usage.prompt_tokens,
             completion_tokens = usage.completion_tokens,
+            confidence,
             sensitivity = %self.extracted.sensitivity.explain(),
             "request finished"
         );
@@ -435,8 +530,7 @@ impl Context {
             latency_ms: latency_ms as u32,
             usage,
             cost_micro_usd: (cost_usd * 1e6) as u64,
-            // The local model's confidence is not measured yet.
-            confidence: None,
+            confidence,
         };
         self.node.policy.observe(&self.policy, &outcome).await;
     }
@@ -447,12 +541,14 @@ impl Context {
 pub struct Stream {
     ctx: Context,
     run: Run,
-    pending: Option<String>,
+    /// Text that arrived before the answer began (one piece, or the tokens
+    /// a cascade held back while judging).
+    pending: VecDeque<String>,
 }
 
 impl Stream {
     pub async fn next(&mut self) -> Option<String> {
-        match self.pending.take() {
+        match self.pending.pop_front() {
             Some(delta) => Some(delta),
             None => self.run.deltas.recv().await,
         }
@@ -461,22 +557,16 @@ impl Stream {
     /// Wait for the target's result. Dropping the text channel first tells
     /// a target whose client went away to stop generating.
     pub async fn finish(self: Box<Self>) -> Result<Finished, TargetFailure> {
-        let Stream { ctx, run, .. } = *self;
-        let Run {
-            target,
-            deltas,
-            mut task,
-            ..
-        } = run;
-        drop(deltas);
-        match run::join(&mut task).await {
+        let Stream { ctx, mut run, .. } = *self;
+        run.deltas.close();
+        match run::join(&mut run.task).await {
             Ok(completion) => {
                 let finished = ctx.finished(completion);
-                ctx.account(Some(&target), true, finished.usage).await;
+                ctx.account(&run, true, finished.usage).await;
                 Ok(finished)
             }
             Err(failure) => {
-                ctx.account(Some(&target), false, Usage::default()).await;
+                ctx.account(&run, false, Usage::default()).await;
                 Err(failure)
             }
         }

@@ -4,10 +4,12 @@
 //! can still be followed by another hop (or a proper error status).
 
 use crate::bindings::target::{ChatRequest, Completion};
+use crate::nn::Meter;
 use crate::node::Node;
 use crate::targets::{Job, Taint, TargetFailure, TargetResult};
 use edgeroute_core::Target;
 use std::sync::Arc;
+use std::time::Instant;
 use tokio::sync::mpsc::{self, UnboundedReceiver};
 use tokio::task::JoinHandle;
 
@@ -16,6 +18,11 @@ pub(super) struct Run {
     pub reason: String,
     pub deltas: UnboundedReceiver<String>,
     pub task: JoinHandle<TargetResult>,
+    /// The local model's confidence so far (empty for other targets).
+    pub meter: Meter,
+    pub started: Instant,
+    /// When the first text arrived, if it streamed.
+    pub first_text: Option<Instant>,
 }
 
 pub(super) enum FirstEvent {
@@ -38,9 +45,11 @@ impl Run {
         // Each backend fills in the model it runs (the local model, the
         // upstream's configured model).
         request.model = String::new();
+        let meter = Meter::default();
         let job = Job {
             stream: request.stream.then_some(tx),
             request,
+            meter: meter.clone(),
         };
         let node = node.clone();
         let on = target.clone();
@@ -58,7 +67,23 @@ impl Run {
             reason,
             deltas,
             task,
+            meter,
+            started: Instant::now(),
+            first_text: None,
         }
+    }
+
+    /// The geometric-mean probability of the tokens generated so far.
+    pub fn confidence(&self) -> Option<f32> {
+        self.meter.lock().unwrap_or_else(|p| p.into_inner()).score()
+    }
+
+    /// Tokens the local model has produced so far.
+    pub fn tokens(&self) -> u32 {
+        self.meter
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .tokens()
     }
 
     /// Wait until the target either produced text or ended; until then the
@@ -67,7 +92,10 @@ impl Run {
         tokio::select! {
             biased;
             delta = self.deltas.recv() => match delta {
-                Some(delta) => FirstEvent::Delta(delta),
+                Some(delta) => {
+                    self.first_text = Some(Instant::now());
+                    FirstEvent::Delta(delta)
+                }
                 None => FirstEvent::Ended(join(&mut self.task).await),
             },
             result = &mut self.task => FirstEvent::Ended(flatten(result)),

@@ -11,8 +11,9 @@ use crate::runtime::roles::cloud_fetch::{self, CloudState};
 use crate::runtime::roles::{self, Role};
 use crate::runtime::{self, NO_DEADLINE, Sink};
 use anyhow::Context;
+use edgeroute_core::{Estimate, Features, Speed};
 use std::collections::{BTreeMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use wasmtime::component::ResourceTable;
 use wasmtime::{Engine, Store};
@@ -22,6 +23,8 @@ use wasmtime_wasi_http::WasiHttpCtx;
 pub struct Upstream {
     pub config: UpstreamConfig,
     credential: Option<Credential>,
+    /// How fast it has answered (EWMAs), for the router's estimates.
+    speed: Mutex<Speed>,
 }
 
 /// The upstream's key, read once from the variable the config names.
@@ -83,6 +86,7 @@ impl CloudTarget {
                 Upstream {
                     config: upstream.clone(),
                     credential: credential(upstream)?,
+                    speed: Mutex::default(),
                 },
             );
         }
@@ -102,6 +106,26 @@ impl CloudTarget {
 
     pub fn upstream_names(&self) -> Vec<String> {
         self.upstreams.keys().cloned().collect()
+    }
+
+    /// Record how long a successful call took: `ttft_ms` when it streamed.
+    pub fn observe_speed(&self, name: &str, ttft_ms: Option<f64>, total_ms: f64, tokens: u32) {
+        if let Some(upstream) = self.upstreams.get(name) {
+            let mut speed = upstream.speed.lock().unwrap_or_else(|p| p.into_inner());
+            speed.observe_remote(ttft_ms, total_ms, tokens);
+        }
+    }
+
+    /// The estimate for each upstream that has answered before.
+    pub fn estimates(&self, features: &Features) -> Vec<(String, Estimate)> {
+        let estimate = |u: &Upstream| {
+            let speed = u.speed.lock().unwrap_or_else(|p| p.into_inner());
+            speed.estimate(features.prompt_tokens, features.max_tokens, 0.0)
+        };
+        self.upstreams
+            .iter()
+            .filter_map(|(name, u)| Some((name.clone(), estimate(u)?)))
+            .collect()
     }
 
     pub async fn generate(&self, upstream: &str, mut job: Job, taint: Taint) -> TargetResult {
@@ -193,6 +217,7 @@ mod tests {
         let upstream = Upstream {
             credential: Some(Credential::bearer(&config.base_url, key).unwrap()),
             config,
+            speed: Mutex::default(),
         };
         let env = guest_env(&upstream);
         assert!(
@@ -243,6 +268,7 @@ mod tests {
                 stream: false,
             },
             stream: None,
+            meter: Default::default(),
         };
         let taint = Taint {
             request_id: "snoop".into(),

@@ -8,8 +8,11 @@ use crate::nn::{self, LoadedModel, ModelRegistry};
 use crate::runtime::roles::local_worker::{self, LocalState};
 use crate::runtime::roles::{self, Role};
 use crate::runtime::{self, NO_DEADLINE, Sink};
+use edgeroute_core::estimate::{ALPHA, Ewma};
+use edgeroute_core::{Estimate, Features};
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 use tokio::sync::Semaphore;
 use wasmtime::component::ResourceTable;
 use wasmtime::{Engine, Store};
@@ -18,12 +21,14 @@ pub struct LocalTarget {
     engine: Engine,
     pre: TargetPre<LocalState>,
     models: BTreeMap<String, Arc<LoadedModel>>,
-    registry: ModelRegistry,
     max_queue: u32,
+    max_concurrent: u32,
     /// Requests waiting or running; `max_queue` permits in all.
     admission: Arc<Semaphore>,
     /// Generations running at once.
     running: Arc<Semaphore>,
+    /// How long a generation holds its slot, for the wait estimate.
+    service_ms: Mutex<Ewma>,
 }
 
 impl LocalTarget {
@@ -36,18 +41,15 @@ impl LocalTarget {
     ) -> anyhow::Result<Self> {
         let component = roles::compile(engine, worker, Role::LocalWorker, "local worker")?;
         let pre = TargetPre::new(local_worker::linker(engine)?.instantiate_pre(&component)?)?;
-        let mut registry = ModelRegistry::default();
-        for model in &models {
-            registry.insert(model.clone());
-        }
         Ok(Self {
             engine: engine.clone(),
             pre,
             models: models.into_iter().map(|m| (m.name.clone(), m)).collect(),
-            registry,
             max_queue,
+            max_concurrent,
             admission: Arc::new(Semaphore::new(max_queue as usize)),
             running: Arc::new(Semaphore::new(max_concurrent as usize)),
+            service_ms: Mutex::new(Ewma::new(ALPHA)),
         })
     }
 
@@ -62,6 +64,38 @@ impl LocalTarget {
     /// Requests waiting for or running on the local backend.
     pub fn queue_depth(&self) -> u32 {
         self.max_queue - self.admission.available_permits() as u32
+    }
+
+    /// Generations running now.
+    pub fn running(&self) -> u32 {
+        self.max_concurrent - self.running.available_permits() as u32
+    }
+
+    /// How long a request arriving now would wait for a generation slot:
+    /// none while a slot is free, else one mean generation per round of
+    /// `max_concurrent` requests ahead of it (pessimistic: the running ones
+    /// are counted as if they had just started).
+    pub fn wait_ms(&self) -> u32 {
+        let depth = self.queue_depth();
+        if depth < self.max_concurrent {
+            return 0;
+        }
+        let service = self
+            .service_ms
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get();
+        let rounds = (depth - self.max_concurrent) / self.max_concurrent + 1;
+        (service.unwrap_or(0.0) * rounds as f64).round() as u32
+    }
+
+    /// The local estimate for a request of these features on `model`.
+    pub fn estimate(&self, model: &str, features: &Features) -> Option<Estimate> {
+        self.models.get(model)?.estimate(
+            features.prompt_tokens,
+            features.max_tokens,
+            features.local_wait_ms as f64,
+        )
     }
 
     /// Run `job` on the model it names (`job.request.model`).
@@ -79,13 +113,14 @@ impl LocalTarget {
             self.running.clone().acquire_owned().await.map_err(|_| {
                 TargetFailure::Unavailable("the local target is shutting down".into())
             })?;
+        let started = Instant::now();
         let engine = self.engine.clone();
         let pre = self.pre.clone();
-        let nn = nn::context(&self.registry);
+        let nn = nn::context(ModelRegistry::new(self.models.values(), &job.meter));
         let handle = tokio::runtime::Handle::current();
         // llama.cpp blocks its thread for the whole generation; keep it off
         // the async workers that serve other requests.
-        tokio::task::spawn_blocking(move || {
+        let result = tokio::task::spawn_blocking(move || {
             handle.block_on(async move {
                 let mut store = Store::new(
                     &engine,
@@ -107,7 +142,13 @@ impl LocalTarget {
             })
         })
         .await
-        .map_err(|e| TargetFailure::Internal(format!("local generation panicked: {e}")))?
+        .map_err(|e| TargetFailure::Internal(format!("local generation panicked: {e}")));
+        let held = started.elapsed().as_secs_f64() * 1e3;
+        self.service_ms
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .add(held);
+        result?
     }
 }
 

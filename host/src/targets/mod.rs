@@ -58,6 +58,9 @@ impl From<TargetError> for TargetFailure {
 pub struct Job {
     pub request: ChatRequest,
     pub stream: Option<UnboundedSender<String>>,
+    /// Where a local model reports its confidence as it generates; a
+    /// target that cannot measure it leaves it empty.
+    pub meter: crate::nn::Meter,
 }
 
 pub type TargetResult = Result<Completion, TargetFailure>;

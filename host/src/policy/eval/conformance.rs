@@ -9,7 +9,7 @@ use crate::policy::PolicyVersion;
 use crate::policy::convert::label;
 use anyhow::bail;
 use edgeroute_core::guard::{self, Facts, NodeView, OnPolicyFailure, Placement};
-use edgeroute_core::{Choice, Features, Sensitivity, Target};
+use edgeroute_core::{Choice, Estimate, Features, Sensitivity, Target, TextStats};
 
 /// The targets a node has, by name.
 pub struct Targets {
@@ -37,9 +37,9 @@ pub fn features(
         latency_budget_ms: None,
         stream: false,
         message_count: 1,
-        local_queue_depth: 0,
         local_models: local.iter().map(|s| s.to_string()).collect(),
         cloud_upstreams: cloud.iter().map(|s| s.to_string()).collect(),
+        ..Features::default()
     }
 }
 
@@ -187,9 +187,39 @@ fn random_features(rng: &mut XorShift, targets: &Targets) -> Features {
         latency_budget_ms: (rng.below(2) == 0).then(|| rng.below(5000) as u32),
         stream: rng.below(2) == 0,
         message_count: 1 + rng.below(40) as u32,
+        text: TextStats {
+            chars: rng.below(400_000) as u32,
+            words: rng.below(80_000) as u32,
+            digits: rng.below(1000) as u32,
+            code: rng.below(2) == 0,
+            question: rng.below(2) == 0,
+            non_ascii_permille: rng.below(1001) as u32,
+        },
         local_queue_depth: rng.below(16) as u32,
+        local_running: rng.below(2) as u32,
+        local_wait_ms: rng.below(60_000) as u32,
+        local_estimate: (rng.below(2) == 0).then(|| random_estimate(rng)),
+        cloud_estimates: random_estimates(rng, &targets.cloud),
         local_models: rng.subset(&targets.local),
         cloud_upstreams: rng.subset(&targets.cloud),
+    }
+}
+
+fn random_estimates(rng: &mut XorShift, upstreams: &[String]) -> Vec<(String, Estimate)> {
+    let mut estimates = Vec::new();
+    for name in upstreams {
+        if rng.below(2) == 0 {
+            estimates.push((name.clone(), random_estimate(rng)));
+        }
+    }
+    estimates
+}
+
+fn random_estimate(rng: &mut XorShift) -> Estimate {
+    let ttft_ms = rng.below(20_000) as u32;
+    Estimate {
+        ttft_ms,
+        total_ms: ttft_ms + rng.below(60_000) as u32,
     }
 }
 
@@ -243,7 +273,13 @@ pub async fn check(
             may_leave: f.may_leave,
         };
         let placed = guard::place(decision, &facts, &view);
-        let off_node = matches!(&placed, Placement::Run { target, .. } if target.leaves_node());
+        let off_node = match &placed {
+            Placement::Run { target, .. } => target.leaves_node(),
+            Placement::Cascade { first, then, .. } => {
+                first.leaves_node() || then.as_ref().is_some_and(Target::leaves_node)
+            }
+            Placement::Refuse(_) => false,
+        };
         if !f.may_leave && off_node {
             leaks.push(format!("case {i}: {placed:?}"));
         }

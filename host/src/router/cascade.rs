@@ -1,0 +1,114 @@
+//! A confidence cascade: the local model answers first, its answer is
+//! judged by the model's own confidence, and below the policy's threshold
+//! the request is escalated to the second target, when the guard lets it
+//! go there (a request that may not leave keeps the local answer, and the
+//! reason says it was low-confidence).
+//!
+//! Non-streaming, the whole local answer is judged. Streaming, the first
+//! `[policy] cascade_hold_tokens` tokens are held back and judged, then
+//! streamed or dropped. The local answer is kept until the second target
+//! has produced its first text, so a failed escalation loses nothing. Both
+//! legs are in the ledger; the policy's `observe` gets the first leg's
+//! confidence with the outcome of the answer the client received.
+
+use super::run::{self, FirstEvent, Run};
+use super::{Context, Failure, Leg, Served};
+use crate::bindings::target::Completion;
+use crate::targets::TargetFailure;
+use edgeroute_core::guard::{self, Placement};
+use edgeroute_core::{Target, Usage};
+use std::collections::VecDeque;
+
+/// The second half of a placed cascade.
+pub(super) struct Judge {
+    /// None when the guard dropped the second hop.
+    pub then: Option<Target>,
+    pub min_confidence: f32,
+}
+
+/// `run` is the cascade's first hop and `first` its first event.
+pub(super) async fn judge(
+    mut ctx: Context,
+    mut run: Run,
+    first: FirstEvent,
+    judge: Judge,
+) -> Result<Served, Failure> {
+    let hold = ctx.node.config.policy.cascade_hold_tokens.max(1);
+    let (mut held, mut ended) = (VecDeque::new(), None);
+    match first {
+        FirstEvent::Delta(delta) => held.push_back(delta),
+        FirstEvent::Ended(result) => ended = Some(result),
+    }
+    while ended.is_none() && run.tokens() < hold {
+        match run.deltas.recv().await {
+            Some(delta) => held.push_back(delta),
+            None => ended = Some(run::join(&mut run.task).await),
+        }
+    }
+    if let Some(Err(failure)) = ended {
+        return ctx.answer(run, FirstEvent::Ended(Err(failure))).await;
+    }
+    let Some(confidence) = run.confidence() else {
+        return ctx.resume(run, held, ended).await;
+    };
+    ctx.judged = Some(confidence);
+    let min = judge.min_confidence;
+    let escalation = judge.then.as_ref().and_then(|then| {
+        ctx.with_view(|view| guard::escalate(then, confidence, min, ctx.facts(), view))
+    });
+    let Some(Placement::Run {
+        target: then,
+        reason: why,
+    }) = escalation
+    else {
+        let verdict = if confidence < min {
+            format!("low confidence {confidence:.2} < {min:.2}: local answer kept")
+        } else {
+            format!("confidence {confidence:.2} >= {min:.2}: local answer")
+        };
+        run.reason = format!("{}; {verdict}", run.reason);
+        return ctx.resume(run, held, ended).await;
+    };
+
+    let reason = format!("{}; {why}", run.reason);
+    let mut second = Run::launch(&ctx.node, then, reason, ctx.chat_request(), ctx.taint());
+    let answer = second.first_event().await;
+    if let FirstEvent::Ended(Err(failure)) = &answer {
+        ctx.record_leg(
+            Some(&second.target),
+            false,
+            Usage::default(),
+            Leg::FailedEscalation,
+        );
+        run.reason = format!(
+            "{}; {why}, but {} failed ({failure}): local answer kept",
+            run.reason, second.target
+        );
+        return ctx.resume(run, held, ended).await;
+    }
+    // The second answer is coming: stop the first, and keep it as a leg.
+    run.deltas.close();
+    let first_result = match ended {
+        Some(result) => result,
+        None => run::join(&mut run.task).await,
+    };
+    let usage = first_result.map_or(Usage::default(), |c| ctx.finished(c).usage);
+    ctx.record_leg(Some(&run.target), true, usage, Leg::Escalated);
+    ctx.answer(second, answer).await
+}
+
+impl Context {
+    /// Go on with the first hop's answer: finished, or streaming from the
+    /// held-back text.
+    async fn resume(
+        self,
+        run: Run,
+        held: VecDeque<String>,
+        ended: Option<Result<Completion, TargetFailure>>,
+    ) -> Result<Served, Failure> {
+        match ended {
+            Some(ended) => self.answer_ended(run, ended).await,
+            None => Ok(self.answer_streaming(run, held)),
+        }
+    }
+}

@@ -70,7 +70,19 @@ pub struct LocalConfig {
     pub max_concurrent: u32,
     /// Context window per generation, in tokens.
     pub context_size: u32,
+    /// KV state kept for prefix reuse, in tokens: finished generations'
+    /// contexts stay (each reserving `context_size` tokens of KV, about
+    /// 23 KiB a token for SmolLM2-135M) so a later prompt that starts the
+    /// same way skips that part of the prefill. 0 turns reuse off.
+    pub prefix_cache_tokens: u32,
     pub models: Vec<ModelConfig>,
+}
+
+impl LocalConfig {
+    /// Idle contexts the prefix cache may keep.
+    pub fn prefix_cache_entries(&self) -> u32 {
+        self.prefix_cache_tokens / self.context_size.max(1)
+    }
 }
 
 impl Default for LocalConfig {
@@ -80,6 +92,7 @@ impl Default for LocalConfig {
             max_queue: 8,
             max_concurrent: 1,
             context_size: 2048,
+            prefix_cache_tokens: 4096,
             models: Vec::new(),
         }
     }

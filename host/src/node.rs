@@ -37,6 +37,7 @@ impl Node {
         let runtime_params = RuntimeParams {
             threads: config.local.threads,
             context_size: config.local.context_size,
+            prefix_cache_entries: config.local.prefix_cache_entries(),
         };
         let mut models = Vec::new();
         for model in &config.local.models {

@@ -5,6 +5,7 @@
 //! - `chat`: the OpenAI API, placement, the guard and fail-closed paths;
 //! - `policy_swap`: hot swaps, rollback, state, shadow, the admin API;
 //! - `policy_languages`: the reference policy in Python, JavaScript and C;
+//! - `prefix`: prefix reuse for agent sessions, and its sensitivity fence;
 //! - `signals`: every feature a policy sees, and the confidence cascade.
 //!
 //! Each test starts its own [`FakeCloud`](edgeroute_testkit::FakeCloud) and
@@ -16,6 +17,7 @@
 mod chat;
 mod policy_languages;
 mod policy_swap;
+mod prefix;
 mod signals;
 
 use edgeroute_testkit::Edgeroute;

@@ -160,7 +160,7 @@ fn ask(node: &Node, case: &Case) -> Answer {
     Answer {
         status: resp.status,
         target: resp.target().map(str::to_owned),
-        reason: resp.reason().map(str::to_owned),
+        reason: resp.decision_reason(),
     }
 }
 

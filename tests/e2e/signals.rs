@@ -29,7 +29,9 @@ fn echoed(resp: &Resp) -> BTreeMap<String, String> {
     let reason = resp
         .reason()
         .unwrap_or_else(|| panic!("no reason\n{resp:?}"));
-    reason
+    // The host appends what happened after the policy, after a ';'.
+    let policy_part = reason.split(';').next().unwrap_or_default();
+    policy_part
         .split(' ')
         .filter_map(|pair| pair.split_once('='))
         .map(|(k, v)| (k.to_string(), v.to_string()))

@@ -3,7 +3,9 @@
 //! Sensitive requests stay local. Otherwise, in order:
 //!  1. availability: a request goes where its preferred target exists;
 //!  2. length: a long prompt goes to the cloud, where a bigger context and
-//!     faster prefill pay for the round trip;
+//!     faster prefill pay for the round trip, unless the local model's
+//!     prefix cache already holds all but a short part of it (an agent's
+//!     next call);
 //!  3. load: when the local queue's wait exceeds the latency budget (or
 //!     `spill_wait_ms` without one), the request spills to the cloud;
 //!  4. budget: when the host's estimate of the local run does not fit the
@@ -192,8 +194,17 @@ fn decide(config: &Config, features: &Features) -> Decision {
     if !local_ok {
         return decision(cloud(), "local model unavailable".into());
     }
-    if n > t {
+    // What the local model would prefill: an agent's conversation that is
+    // already in its prefix cache costs only its new tokens.
+    let cached = features.cached_prefix_tokens.min(n);
+    if n - cached > t {
         return decision(cloud(), format!("long prompt ({n} > {t} tokens): cloud"));
+    }
+    if n > t {
+        return decision(
+            local(),
+            format!("long prompt, {cached} tokens cached ({} new <= {t}): local", n - cached),
+        );
     }
     let wait = features.local_wait_ms;
     match features.latency_budget_ms {
@@ -243,6 +254,7 @@ mod tests {
             request_id: "r1".into(),
             requested_model: "auto".into(),
             prompt_tokens,
+            cached_prefix_tokens: 0,
             max_tokens: 64,
             sensitivity: if may_leave {
                 Sensitivity::Public
@@ -349,6 +361,22 @@ mod tests {
         let mut f = features(10_000, true);
         f.cloud_upstreams.clear();
         assert_eq!(route(&c, &f).0, "local:smollm2");
+    }
+
+    #[test]
+    fn a_cached_conversation_stays_local() {
+        let c = Config::defaults();
+        let mut f = features(900, true);
+        f.cached_prefix_tokens = 850;
+        assert_eq!(
+            route(&c, &f),
+            (
+                "local:smollm2".into(),
+                "long prompt, 850 tokens cached (50 new <= 512): local".into()
+            )
+        );
+        f.cached_prefix_tokens = 100;
+        assert_eq!(route(&c, &f).0, "cloud:frontier");
     }
 
     #[test]

@@ -11,6 +11,9 @@ pub struct Features {
     pub requested_model: String,
     /// Counted with the local model's tokenizer, chat template included.
     pub prompt_tokens: u32,
+    /// Leading prompt tokens the local model's prefix cache holds for this
+    /// request (a local run prefills only the rest).
+    pub cached_prefix_tokens: u32,
     pub max_tokens: u32,
     pub sensitivity: Sensitivity,
     /// The kinds of data detectors found (not the data).

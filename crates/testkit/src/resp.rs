@@ -62,6 +62,19 @@ impl Resp {
         self.header("x-edgeroute-reason")
     }
 
+    /// `reason()` without the host's note on prefix reuse (`; N prompt
+    /// tokens from the prefix cache`), which depends on what ran before:
+    /// for comparing the decisions of two policies.
+    pub fn decision_reason(&self) -> Option<String> {
+        self.reason().map(|reason| {
+            reason
+                .split("; ")
+                .filter(|part| !part.ends_with("prompt tokens from the prefix cache"))
+                .collect::<Vec<_>>()
+                .join("; ")
+        })
+    }
+
     /// The body as JSON; panics with the response if it is not JSON.
     pub fn json(&self) -> Value {
         serde_json::from_str(&self.body_text)

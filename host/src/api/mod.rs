@@ -34,6 +34,11 @@ pub const CONFIDENCE_HEADER: &str = "x-edgeroute-confidence";
 /// every value counts (the most restrictive wins).
 pub const SENSITIVITY_HEADER: &str = "x-edgeroute-sensitivity";
 pub const LATENCY_BUDGET_HEADER: &str = "x-edgeroute-latency-budget-ms";
+/// An agent's session: its calls prefer the local model's cached prefix of
+/// the session's previous call.
+pub const SESSION_HEADER: &str = "x-edgeroute-session";
+/// Prompt tokens the local model continued from its prefix cache.
+pub const CACHED_TOKENS_HEADER: &str = "x-edgeroute-cached-tokens";
 
 pub fn router(node: Arc<Node>) -> Router {
     Router::new()
@@ -84,6 +89,9 @@ pub fn set_route_headers(headers: &mut HeaderMap, route: &Route) {
     {
         headers.insert(POLICY_HEADER, id);
     }
+    if let Some(tokens) = route.cached_tokens {
+        headers.insert(CACHED_TOKENS_HEADER, HeaderValue::from(tokens));
+    }
     if let Some(confidence) = route.confidence {
         headers.insert(CONFIDENCE_HEADER, clean(&format!("{confidence:.3}")));
     }
@@ -102,6 +110,9 @@ async fn healthz(State(node): State<Arc<Node>>) -> Json<serde_json::Value> {
         "local_models": node.local.model_names(),
         "local_queue_depth": node.local.queue_depth(),
         "local_running": node.local.running(),
+        "local_prefix_cache": node.local.model_names().iter()
+            .filter_map(|name| Some((name.clone(), node.local.model(name)?.cached_contexts())))
+            .collect::<std::collections::BTreeMap<_, _>>(),
         "local_wait_ms": node.local.wait_ms(),
         "cloud_upstreams": node.cloud.upstream_names(),
         "egress": {
@@ -181,6 +192,11 @@ fn signals(headers: &HeaderMap) -> Signals {
             .get(LATENCY_BUDGET_HEADER)
             .and_then(|v| v.to_str().ok())
             .map(str::to_string),
+        session: headers
+            .get(SESSION_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty()),
     }
 }
 

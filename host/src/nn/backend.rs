@@ -4,8 +4,8 @@
 //! `compute` takes `messages` or `prompt` (+ `metadata`) and prefills; each
 //! `compute` returns one `token`, and `finish` + `metadata` at the end.
 
-use super::Meter;
 use super::engine::{Generation, LoadedModel, Sampling};
+use super::{CacheScope, Meter};
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -44,11 +44,16 @@ impl BackendInner for GgmlBackend {
 pub struct ModelRegistry(HashMap<String, Graph>);
 
 impl ModelRegistry {
-    pub fn new<'a>(models: impl IntoIterator<Item = &'a Arc<LoadedModel>>, meter: &Meter) -> Self {
+    pub fn new<'a>(
+        models: impl IntoIterator<Item = &'a Arc<LoadedModel>>,
+        meter: &Meter,
+        cache: Option<&CacheScope>,
+    ) -> Self {
         let graphs = models.into_iter().map(|model| {
             let graph: Box<dyn BackendGraph> = Box::new(LlamaGraph {
                 model: model.clone(),
                 meter: meter.clone(),
+                cache: cache.cloned(),
             });
             (model.name.clone(), Graph::from(graph))
         });
@@ -68,6 +73,8 @@ impl GraphRegistry for ModelRegistry {
 struct LlamaGraph {
     model: Arc<LoadedModel>,
     meter: Meter,
+    /// The request's prefix-cache scope; None: no reuse.
+    cache: Option<CacheScope>,
 }
 
 impl BackendGraph for LlamaGraph {
@@ -75,6 +82,7 @@ impl BackendGraph for LlamaGraph {
         let ctx: Box<dyn BackendExecutionContext> = Box::new(LlamaExecution {
             model: self.model.clone(),
             meter: self.meter.clone(),
+            cache: self.cache.clone(),
             generation: Mutex::new(None),
         });
         Ok(ExecutionContext::from(ctx))
@@ -86,6 +94,7 @@ impl BackendGraph for LlamaGraph {
 struct LlamaExecution {
     model: Arc<LoadedModel>,
     meter: Meter,
+    cache: Option<CacheScope>,
     generation: Mutex<Option<Generation>>,
 }
 
@@ -142,7 +151,15 @@ impl LlamaExecution {
             top_p: metadata.top_p.unwrap_or(defaults.top_p),
             seed: metadata.seed.unwrap_or(defaults.seed),
         };
-        self.model.start(&prompt, sampling).map_err(backend_error)
+        let generation = self
+            .model
+            .start(&prompt, sampling, self.cache.clone())
+            .map_err(backend_error)?;
+        self.meter
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .reused_tokens = generation.reused_tokens;
+        Ok(generation)
     }
 }
 
@@ -171,13 +188,17 @@ impl BackendExecutionContext for LlamaExecution {
             .ok_or_else(|| failure("compute before any 'messages' or 'prompt' input"))?;
         let step = generation.step().map_err(backend_error)?;
         let confidence = generation.confidence;
-        *self.meter.lock().unwrap_or_else(|p| p.into_inner()) = confidence;
+        self.meter
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .confidence = confidence;
         let mut outputs = vec![bytes_tensor("token", step.text.into_bytes())];
         if let Some(finish) = step.finish {
             outputs.push(bytes_tensor("finish", finish.as_str().as_bytes().to_vec()));
             let usage = serde_json::json!({
                 "input-tokens": generation.prompt_tokens,
                 "output-tokens": generation.completion_tokens,
+                "cached-input-tokens": generation.reused_tokens,
                 "confidence": confidence.score(),
                 "logprob-mean": confidence.mean_logprob(),
                 "logprob-min": confidence.min_logprob(),

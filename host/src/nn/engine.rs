@@ -2,6 +2,7 @@
 //! advanced one token per `step`. The wasi-nn backend and the benchmark's
 //! direct baseline both drive this type, so they measure the same work.
 
+use super::prefix::{CacheScope, Idle, PrefixCache};
 use anyhow::{Context, anyhow, bail};
 use edgeroute_core::confidence::{self, Confidence};
 use edgeroute_core::{Estimate, Speed};
@@ -39,11 +40,16 @@ const PREFILL_CHUNK: u32 = 512;
 pub struct RuntimeParams {
     pub threads: u32,
     pub context_size: u32,
+    /// Idle contexts kept for prefix reuse (0: none).
+    pub prefix_cache_entries: u32,
 }
 
 /// A GGUF model loaded once per node and shared by every generation.
 pub struct LoadedModel {
     pub name: String,
+    /// Contexts of finished generations, for prefix reuse. Declared before
+    /// `model`: fields drop in order, and every context borrows the model.
+    cache: Mutex<PrefixCache<LlamaContext<'static>>>,
     model: LlamaModel,
     template: Option<LlamaChatTemplate>,
     runtime: RuntimeParams,
@@ -83,6 +89,7 @@ impl LoadedModel {
         let template = model.chat_template(None).ok();
         Ok(Arc::new(Self {
             name: name.to_string(),
+            cache: Mutex::new(PrefixCache::new(runtime.prefix_cache_entries as usize)),
             model,
             template,
             runtime,
@@ -122,6 +129,11 @@ impl LoadedModel {
         speed.estimate(prompt_tokens, max_tokens, wait_ms)
     }
 
+    /// The speeds measured so far.
+    pub fn speed(&self) -> Speed {
+        *self.speed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn measured(&self, update: impl FnOnce(&mut Speed)) {
         update(&mut self.speed.lock().unwrap_or_else(|p| p.into_inner()));
     }
@@ -135,9 +147,76 @@ impl LoadedModel {
         self.runtime.context_size
     }
 
-    /// Start a generation: prefill the prompt and make the first token ready.
-    pub fn start(self: &Arc<Self>, prompt: &str, sampling: Sampling) -> anyhow::Result<Generation> {
-        Generation::new(self.clone(), prompt, sampling)
+    /// Start a generation: prefill the prompt and make the first token
+    /// ready. With a cache scope, it continues from the cached context
+    /// sharing the longest prefix with the prompt (if the scope may reuse
+    /// one), and leaves its own context in the cache when it ends; without
+    /// one (the benchmark's baselines) it neither reuses nor keeps.
+    pub fn start(
+        self: &Arc<Self>,
+        prompt: &str,
+        sampling: Sampling,
+        cache: Option<CacheScope>,
+    ) -> anyhow::Result<Generation> {
+        Generation::new(self.clone(), prompt, sampling, cache)
+    }
+
+    fn new_context(&self, chunk: u32) -> anyhow::Result<LlamaContext<'static>> {
+        let threads = self.runtime.threads as i32;
+        let params = LlamaContextParams::default()
+            .with_n_ctx(NonZeroU32::new(self.runtime.context_size))
+            .with_n_batch(chunk)
+            .with_n_threads(threads)
+            .with_n_threads_batch(threads);
+        let context = self
+            .model
+            .new_context(backend(), params)
+            .context("llama.cpp could not create a context")?;
+        // SAFETY: the context borrows `self.model`. It lives in a
+        // `Generation`, which holds an Arc of this model, or in this
+        // model's cache, which is dropped before the model (field order),
+        // so the borrow never outlives the model.
+        Ok(unsafe { std::mem::transmute::<LlamaContext<'_>, LlamaContext<'static>>(context) })
+    }
+
+    /// A cached context holding the longest prefix of `tokens` that
+    /// `scope` may reuse, with the state after that prefix removed, and the
+    /// number of tokens it still holds. At least the last prompt token is
+    /// decoded again: its logits predict the first output token.
+    fn reuse(
+        &self,
+        tokens: &[LlamaToken],
+        scope: Option<&CacheScope>,
+    ) -> Option<(LlamaContext<'static>, usize)> {
+        let taken = {
+            let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+            cache.take(tokens, scope?)
+        };
+        let (idle, shared) = taken?;
+        let keep = shared.min(tokens.len() - 1);
+        let mut context = idle.context;
+        match context.clear_kv_cache_seq(Some(0), Some(keep as u32), None) {
+            Ok(true) => Some((context, keep)),
+            // The model's memory cannot drop a suffix: start this context over.
+            _ => {
+                context.clear_kv_cache();
+                Some((context, 0))
+            }
+        }
+    }
+
+    /// Contexts kept in the prefix cache now.
+    pub fn cached_contexts(&self) -> usize {
+        self.cache.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Prompt tokens a request in `scope` would reuse from the cache now.
+    pub fn cached_prefix(&self, tokens: &[LlamaToken], scope: &CacheScope) -> u32 {
+        let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        // The last prompt token is always decoded again (see Generation::new).
+        cache
+            .peek(tokens, scope)
+            .min(tokens.len().saturating_sub(1)) as u32
     }
 }
 
@@ -164,10 +243,20 @@ pub struct Step {
     pub finish: Option<Finish>,
 }
 
-/// A running completion. Field order matters: the context must be dropped
-/// before the model it borrows, which `model` (last) keeps alive.
+/// A running completion. It owns its llama.cpp context until it ends and
+/// then hands it to the model's prefix cache (`Drop`); the context borrows
+/// the model, which `model` keeps alive.
 pub struct Generation {
-    context: LlamaContext<'static>,
+    /// Some until the generation is dropped.
+    context: Option<LlamaContext<'static>>,
+    /// The tokens whose KV state the context holds, from position 0: what a
+    /// later request can reuse. Extra state past it (a prefill that failed
+    /// half way) is harmless: reuse clears everything after the shared part.
+    history: Vec<LlamaToken>,
+    /// None: the context is not kept for reuse.
+    cache: Option<CacheScope>,
+    /// Prompt tokens taken from the cache instead of prefilled.
+    pub reused_tokens: u32,
     sampler: LlamaSampler,
     batch: LlamaBatch<'static>,
     /// Position of the next token in the context.
@@ -186,10 +275,18 @@ pub struct Generation {
 }
 
 impl Generation {
-    fn new(model: Arc<LoadedModel>, prompt: &str, sampling: Sampling) -> anyhow::Result<Self> {
+    fn new(
+        model: Arc<LoadedModel>,
+        prompt: &str,
+        sampling: Sampling,
+        cache: Option<CacheScope>,
+    ) -> anyhow::Result<Self> {
         let started = Instant::now();
         let tokens = model.tokenize(prompt);
         let n_ctx = model.runtime.context_size;
+        if tokens.is_empty() {
+            bail!("the prompt is empty");
+        }
         if tokens.len() as u64 + 1 > n_ctx as u64 {
             bail!(
                 "prompt is {} tokens; model '{}' serves at most {} with this node's context size",
@@ -201,28 +298,21 @@ impl Generation {
         // Generation stops at the context's end even when max_tokens is larger.
         let room = n_ctx - tokens.len() as u32;
         let max_tokens = sampling.max_tokens.min(room);
-        let threads = model.runtime.threads as i32;
         // The prefill runs in chunks of PREFILL_CHUNK tokens: llama.cpp sizes
         // its compute buffers by n_batch, and a context-sized batch made
         // every context slower to create than the prefill itself.
         let chunk = n_ctx.min(PREFILL_CHUNK);
-        let params = LlamaContextParams::default()
-            .with_n_ctx(NonZeroU32::new(n_ctx))
-            .with_n_batch(chunk)
-            .with_n_threads(threads)
-            .with_n_threads_batch(threads);
-        let context = model
-            .model
-            .new_context(backend(), params)
-            .context("llama.cpp could not create a context")?;
+        let (context, reused) = match model.reuse(&tokens, cache.as_ref()) {
+            Some(reused) => reused,
+            None => (model.new_context(chunk)?, 0),
+        };
         let created = Instant::now();
-        // SAFETY: the context borrows `model.model`; `Generation` owns an Arc
-        // of that model and drops the context first (field order), so the
-        // borrow never outlives the model.
-        let context: LlamaContext<'static> = unsafe { std::mem::transmute(context) };
 
         let mut generation = Self {
-            context,
+            context: Some(context),
+            history: tokens[..reused].to_vec(),
+            cache,
+            reused_tokens: reused as u32,
             sampler: sampler_for(&sampling),
             batch: LlamaBatch::new(chunk as usize, 1),
             position: tokens.len() as i32,
@@ -236,32 +326,48 @@ impl Generation {
             model,
         };
         let last = tokens.len() - 1;
-        for (c, piece) in tokens.chunks(chunk as usize).enumerate() {
+        for (c, piece) in tokens[reused..].chunks(chunk as usize).enumerate() {
             generation.batch.clear();
             for (j, token) in piece.iter().enumerate() {
-                let position = c * chunk as usize + j;
+                let position = reused + c * chunk as usize + j;
                 // Only the prompt's last token needs logits: it predicts the first output.
                 generation
                     .batch
                     .add(*token, position as i32, &[0], position == last)?;
             }
+            let batch = &mut generation.batch;
             generation
                 .context
-                .decode(&mut generation.batch)
+                .as_mut()
+                .expect("a generation has its context until dropped")
+                .decode(batch)
                 .context("llama.cpp prefill failed")?;
         }
+        generation.history = tokens;
         let prefilled = Instant::now();
+        let prefill_tokens = generation.history.len() - reused;
         generation.model.measured(|speed| {
-            speed.overhead_ms.add(ms(created.duration_since(started)));
-            speed
-                .prefill_ms_per_token
-                .add(ms(prefilled.duration_since(created)) / tokens.len() as f64);
+            if reused == 0 {
+                speed.overhead_ms.add(ms(created.duration_since(started)));
+            }
+            // A few tokens say more about fixed costs than about speed.
+            if prefill_tokens >= 16 {
+                speed
+                    .prefill_ms_per_token
+                    .add(ms(prefilled.duration_since(created)) / prefill_tokens as f64);
+            }
         });
         generation.decode_started = prefilled;
         if max_tokens == 0 {
             generation.finished = Some(Finish::Length);
         }
         Ok(generation)
+    }
+
+    fn context(&self) -> &LlamaContext<'static> {
+        self.context
+            .as_ref()
+            .expect("a generation has its context until dropped")
     }
 
     pub fn finished(&self) -> Option<Finish> {
@@ -278,11 +384,15 @@ impl Generation {
             });
         }
         let last = self.batch.n_tokens() - 1;
-        let token = self.sampler.sample(&self.context, last);
+        let context = self
+            .context
+            .as_ref()
+            .expect("a generation has its context until dropped");
+        let token = self.sampler.sample(context, last);
         self.sampler.accept(token);
         // The model's own probability of the token, whatever the sampler
         // did: the confidence a cascade judges.
-        let logits = self.context.get_logits_ith(last);
+        let logits = self.context().get_logits_ith(last);
         self.confidence
             .add(confidence::logprob(logits, token.0 as usize));
         let vocab = self.model.model.vocab();
@@ -312,8 +422,11 @@ impl Generation {
         self.batch.add(token, self.position, &[0], true)?;
         self.position += 1;
         self.context
+            .as_mut()
+            .expect("a generation has its context until dropped")
             .decode(&mut self.batch)
             .context("llama.cpp decode failed")?;
+        self.history.push(token);
         Ok(Step { text, finish: None })
     }
 
@@ -360,6 +473,19 @@ impl Generation {
         let s = String::from_utf8_lossy(&self.pending).into_owned();
         self.pending.clear();
         s
+    }
+}
+
+/// A generation that ends, finished or not, leaves its context to the
+/// model's prefix cache (when it has a scope).
+impl Drop for Generation {
+    fn drop(&mut self) {
+        let (Some(context), Some(scope)) = (self.context.take(), self.cache.take()) else {
+            return;
+        };
+        let idle = Idle::new(context, std::mem::take(&mut self.history), scope);
+        let mut cache = self.model.cache.lock().unwrap_or_else(|p| p.into_inner());
+        cache.put(idle);
     }
 }
 

@@ -3,6 +3,7 @@
 
 mod backend;
 pub mod engine;
+pub mod prefix;
 
 pub use backend::{GgmlBackend, ModelRegistry};
 pub use engine::{Finish, Generation, LoadedModel, RuntimeParams, Sampling};
@@ -11,9 +12,19 @@ use edgeroute_core::Confidence;
 use std::sync::{Arc, Mutex};
 use wasmtime_wasi_nn::wit::WasiNnCtx;
 
-/// Where a request's generation reports how sure the model is, token by
-/// token (shared between the wasi-nn backend and the router).
-pub type Meter = Arc<Mutex<Confidence>>;
+pub use prefix::CacheScope;
+
+/// What a request's generation reports as it runs (shared between the
+/// wasi-nn backend and the router).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Measured {
+    /// How sure the model is of its tokens so far.
+    pub confidence: Confidence,
+    /// Prompt tokens continued from the prefix cache.
+    pub reused_tokens: u32,
+}
+
+pub type Meter = Arc<Mutex<Measured>>;
 
 /// A fresh wasi-nn context for one store: the shared models, one backend.
 pub fn context(models: ModelRegistry) -> WasiNnCtx {

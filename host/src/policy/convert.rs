@@ -106,6 +106,7 @@ pub mod v2 {
             latency_budget_ms: f.latency_budget_ms,
             stream: f.stream,
             message_count: f.message_count,
+            cached_prefix_tokens: f.cached_prefix_tokens,
             text: wit::TextStats {
                 chars: f.text.chars,
                 words: f.text.words,

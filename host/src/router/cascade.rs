@@ -12,6 +12,7 @@
 //! confidence with the outcome of the answer the client received.
 
 use super::run::{self, FirstEvent, Run};
+
 use super::{Context, Failure, Leg, Served};
 use crate::bindings::target::Completion;
 use crate::targets::TargetFailure;
@@ -71,7 +72,7 @@ pub(super) async fn judge(
     };
 
     let reason = format!("{}; {why}", run.reason);
-    let mut second = Run::launch(&ctx.node, then, reason, ctx.chat_request(), ctx.taint());
+    let mut second = ctx.launch(then, reason);
     let answer = second.first_event().await;
     if let FirstEvent::Ended(Err(failure)) = &answer {
         ctx.record_leg(

@@ -9,6 +9,7 @@
 
 use super::request::{Invalid, Prepared};
 use crate::config::GuardConfig;
+use crate::nn::CacheScope;
 use crate::pii;
 use crate::targets::cloud::CloudTarget;
 use crate::targets::local::LocalTarget;
@@ -23,6 +24,8 @@ pub struct Signals {
     pub sensitivity: Vec<Option<String>>,
     /// The latency budget header, if sent.
     pub latency_budget_ms: Option<String>,
+    /// The session header, if sent.
+    pub session: Option<String>,
 }
 
 /// What the policy sees, and what the guard judges.
@@ -30,6 +33,8 @@ pub struct Extracted {
     pub features: Features,
     pub sensitivity: SensitivitySet,
     pub facts: Facts,
+    /// Whose cached prefix a local run may reuse, and whose it leaves.
+    pub cache: CacheScope,
 }
 
 /// Every declared and detected level of a request.
@@ -74,20 +79,26 @@ pub fn collect_sensitivity(
 }
 
 /// Prompt tokens as the local model counts them (its chat template
-/// included); a byte estimate when no local model is loaded.
-fn prompt_tokens(request: &Prepared, local: &LocalTarget) -> Result<u32, Invalid> {
+/// included), and how many of them its prefix cache holds for this
+/// request's scope; a byte estimate when no local model is loaded.
+fn prompt_tokens(
+    request: &Prepared,
+    local: &LocalTarget,
+    cache: &CacheScope,
+) -> Result<(u32, u32), Invalid> {
     let Some(model) = local
         .model_names()
         .first()
         .and_then(|name| local.model(name).cloned())
     else {
         let bytes: usize = request.messages.iter().map(|(_, text)| text.len()).sum();
-        return Ok(bytes.div_ceil(4) as u32);
+        return Ok((bytes.div_ceil(4) as u32, 0));
     };
     let prompt = model
         .render_chat(&request.messages)
         .map_err(|e| Invalid::request(format!("cannot format the messages: {e:#}")))?;
-    Ok(model.tokenize(&prompt).len() as u32)
+    let tokens = model.tokenize(&prompt);
+    Ok((tokens.len() as u32, model.cached_prefix(&tokens, cache)))
 }
 
 fn latency_budget_ms(request: &Prepared, signals: &Signals) -> Option<u32> {
@@ -117,10 +128,16 @@ pub fn extract(
         sensitivity: level,
         may_leave: guard.may_leave(level),
     };
+    let cache = CacheScope {
+        level,
+        session: signals.session.clone(),
+    };
+    let (prompt_tokens, cached_prefix_tokens) = prompt_tokens(request, local, &cache)?;
     let mut features = Features {
         request_id: request.id.clone(),
         requested_model: request.requested_model.clone(),
-        prompt_tokens: prompt_tokens(request, local)?,
+        prompt_tokens,
+        cached_prefix_tokens,
         max_tokens: request.max_tokens,
         sensitivity: level,
         detected: sensitivity.detected().collect(),
@@ -153,6 +170,7 @@ pub fn extract(
         features,
         sensitivity,
         facts,
+        cache,
     })
 }
 
@@ -172,6 +190,7 @@ mod tests {
         let signals = Signals {
             sensitivity: headers.iter().map(|h| h.map(str::to_string)).collect(),
             latency_budget_ms: None,
+            session: None,
         };
         collect_sensitivity(&request(metadata), &signals, &GuardConfig::default()).level()
     }

@@ -42,6 +42,8 @@ pub struct Route {
     /// before the response started (a finished local answer, a judged
     /// cascade).
     pub confidence: Option<f32>,
+    /// Prompt tokens the local model continued from its prefix cache.
+    pub cached_tokens: Option<u32>,
 }
 
 /// Why a request was not served.
@@ -225,7 +227,7 @@ pub async fn dispatch(decided: Decided) -> Result<Served, Failure> {
             placement = ctx.next_hop(&failure, &reason);
             continue;
         }
-        let mut run = Run::launch(&ctx.node, target, reason, ctx.chat_request(), ctx.taint());
+        let mut run = ctx.launch(target, reason);
         let first = run.first_event().await;
         let FirstEvent::Ended(Err(failure)) = first else {
             // A fallback hop is not judged: the cascade was planned for
@@ -311,6 +313,18 @@ impl Context {
         })
     }
 
+    fn launch(&self, target: Target, reason: String) -> Run {
+        let cache = self.extracted.cache.clone();
+        Run::launch(
+            &self.node,
+            target,
+            reason,
+            self.chat_request(),
+            self.taint(),
+            cache,
+        )
+    }
+
     fn taint(&self) -> Taint {
         Taint {
             request_id: self.request.id.clone(),
@@ -344,7 +358,22 @@ impl Context {
             reason,
             policy_id: Some(self.policy.id.clone()),
             confidence: self.judged,
+            cached_tokens: None,
         }
+    }
+
+    /// The route of an answer from `run`: with the prefix it reused.
+    fn run_route(&self, run: &Run) -> Route {
+        let reused = run.reused_tokens();
+        let mut route = self.route(Some(run.target.clone()), run.reason.clone());
+        if reused > 0 {
+            route.reason = format!(
+                "{}; {reused} prompt tokens from the prefix cache",
+                route.reason
+            );
+            route.cached_tokens = Some(reused);
+        }
+        route
     }
 
     /// The model name a run's answer carries.
@@ -398,7 +427,7 @@ impl Context {
         run: Run,
         ended: Result<Completion, TargetFailure>,
     ) -> Result<Served, Failure> {
-        let mut route = self.route(Some(run.target.clone()), run.reason.clone());
+        let mut route = self.run_route(&run);
         let completion = match ended {
             Ok(completion) => completion,
             Err(failure) => {
@@ -415,7 +444,7 @@ impl Context {
 
     /// Text is flowing: `held` is what arrived before the answer began.
     fn answer_streaming(self, run: Run, held: VecDeque<String>) -> Served {
-        let route = self.route(Some(run.target.clone()), run.reason.clone());
+        let route = self.run_route(&run);
         let served = self.served(&run, route);
         served(Output::Streaming(Box::new(Stream {
             pending: held,

@@ -4,7 +4,7 @@
 //! can still be followed by another hop (or a proper error status).
 
 use crate::bindings::target::{ChatRequest, Completion};
-use crate::nn::Meter;
+use crate::nn::{CacheScope, Meter};
 use crate::node::Node;
 use crate::targets::{Job, Taint, TargetFailure, TargetResult};
 use edgeroute_core::Target;
@@ -40,6 +40,7 @@ impl Run {
         reason: String,
         mut request: ChatRequest,
         taint: Taint,
+        cache: CacheScope,
     ) -> Run {
         let (tx, deltas) = mpsc::unbounded_channel();
         // Each backend fills in the model it runs (the local model, the
@@ -50,6 +51,7 @@ impl Run {
             stream: request.stream.then_some(tx),
             request,
             meter: meter.clone(),
+            cache: Some(cache),
         };
         let node = node.clone();
         let on = target.clone();
@@ -75,15 +77,21 @@ impl Run {
 
     /// The geometric-mean probability of the tokens generated so far.
     pub fn confidence(&self) -> Option<f32> {
-        self.meter.lock().unwrap_or_else(|p| p.into_inner()).score()
+        self.measured().confidence.score()
     }
 
     /// Tokens the local model has produced so far.
     pub fn tokens(&self) -> u32 {
-        self.meter
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .tokens()
+        self.measured().confidence.tokens()
+    }
+
+    /// Prompt tokens the local model continued from its prefix cache.
+    pub fn reused_tokens(&self) -> u32 {
+        self.measured().reused_tokens
+    }
+
+    fn measured(&self) -> crate::nn::Measured {
+        *self.meter.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Wait until the target either produced text or ended; until then the

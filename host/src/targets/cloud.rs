@@ -269,6 +269,7 @@ mod tests {
             },
             stream: None,
             meter: Default::default(),
+            cache: None,
         };
         let taint = Taint {
             request_id: "snoop".into(),

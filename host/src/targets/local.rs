@@ -91,8 +91,9 @@ impl LocalTarget {
 
     /// The local estimate for a request of these features on `model`.
     pub fn estimate(&self, model: &str, features: &Features) -> Option<Estimate> {
+        // Only the part of the prompt not in the prefix cache is prefilled.
         self.models.get(model)?.estimate(
-            features.prompt_tokens,
+            features.prompt_tokens - features.cached_prefix_tokens,
             features.max_tokens,
             features.local_wait_ms as f64,
         )
@@ -116,7 +117,11 @@ impl LocalTarget {
         let started = Instant::now();
         let engine = self.engine.clone();
         let pre = self.pre.clone();
-        let nn = nn::context(ModelRegistry::new(self.models.values(), &job.meter));
+        let nn = nn::context(ModelRegistry::new(
+            self.models.values(),
+            &job.meter,
+            job.cache.as_ref(),
+        ));
         let handle = tokio::runtime::Handle::current();
         // llama.cpp blocks its thread for the whole generation; keep it off
         // the async workers that serve other requests.

@@ -61,6 +61,9 @@ pub struct Job {
     /// Where a local model reports its confidence as it generates; a
     /// target that cannot measure it leaves it empty.
     pub meter: crate::nn::Meter,
+    /// Who may reuse the local model's cached prefix, and whose this
+    /// generation's becomes; None: no reuse (benchmarks).
+    pub cache: Option<crate::nn::CacheScope>,
 }
 
 pub type TargetResult = Result<Completion, TargetFailure>;

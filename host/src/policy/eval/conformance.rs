@@ -170,7 +170,7 @@ fn random_features(rng: &mut XorShift, targets: &Targets) -> Features {
         Sensitivity::Internal => rng.below(2) == 0,
         Sensitivity::Public => true,
     };
-    Features {
+    let mut features = Features {
         request_id: format!("random-{}", rng.next()),
         requested_model: "auto".into(),
         prompt_tokens: [rng.below(64), rng.below(1024), rng.below(100_000)][rng.below(3) as usize]
@@ -202,7 +202,11 @@ fn random_features(rng: &mut XorShift, targets: &Targets) -> Features {
         cloud_estimates: random_estimates(rng, &targets.cloud),
         local_models: rng.subset(&targets.local),
         cloud_upstreams: rng.subset(&targets.cloud),
-    }
+        cached_prefix_tokens: 0,
+    };
+    // The cache never holds more than the prompt.
+    features.cached_prefix_tokens = rng.below(features.prompt_tokens as u64 + 1) as u32;
+    features
 }
 
 fn random_estimates(rng: &mut XorShift, upstreams: &[String]) -> Vec<(String, Estimate)> {

@@ -1,7 +1,12 @@
 //! `edgeroute bench`: ratios against baselines measured in the same
 //! process. Generation through the local worker and wasi-nn is compared
 //! with the same prompt, threads and sampling on llama.cpp called directly
-//! (the `Generation` type the backend itself drives, without wasm).
+//! (the `Generation` type the backend itself drives, without wasm). The
+//! agent chain (`chain.rs`) compares local calls with and without prefix
+//! reuse against a simulated cloud (`upstream.rs`).
+
+mod chain;
+mod upstream;
 
 use crate::bindings::target::{ChatRequest, Message};
 use crate::config::Config;
@@ -28,6 +33,11 @@ pub struct Options {
     /// Policy calls to time.
     #[arg(long, default_value_t = 20_000)]
     pub policy_calls: u32,
+    /// Run only the agent chain.
+    #[arg(long)]
+    pub chain_only: bool,
+    #[command(flatten)]
+    pub chain: chain::ChainOptions,
 }
 
 const MESSAGES: [(&str, &str); 2] = [
@@ -57,7 +67,8 @@ fn direct(
     sampling: Sampling,
 ) -> anyhow::Result<Sample> {
     let t0 = Instant::now();
-    let mut generation = model.start(prompt, sampling)?;
+    // No prefix cache: every run prefills, as the wasi-nn path's does.
+    let mut generation = model.start(prompt, sampling, None)?;
     let mut text = generation.step()?.text;
     let t_first = Instant::now();
     let (rest, _) = generation.run_to_end()?;
@@ -93,6 +104,7 @@ async fn through_wasi_nn(node: &Node, model: &str, sampling: Sampling) -> anyhow
         request,
         stream: Some(tx),
         meter: Default::default(),
+        cache: None,
     });
     let collect = async {
         let mut first = None;
@@ -161,6 +173,9 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
         .iter()
         .map(|(r, c)| (r.to_string(), c.to_string()))
         .collect();
+    if options.chain_only {
+        return chain::run(&node, &name, &options.chain).await;
+    }
     let prompt = model.render_chat(&messages)?;
     let sampling = Sampling {
         max_tokens: options.tokens,
@@ -344,5 +359,7 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
         "host overhead before inference (parse + features + policy + guard): p50 {:.1} µs, p99 {:.1} µs",
         overhead.p50, overhead.p99
     );
+    println!();
+    chain::run(&node, &name, &options.chain).await?;
     Ok(())
 }

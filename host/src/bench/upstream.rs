@@ -1,0 +1,99 @@
+//! A simulated cloud for the agent-chain benchmark: an OpenAI-compatible
+//! server on loopback whose answers take a network round trip, a server
+//! time to first token and a decode speed, all stated on the command line,
+//! so the chain can be compared with a cloud of known speed.
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use serde_json::{Value, json};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio_stream::wrappers::ReceiverStream;
+
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// Added once per call: the request's way there and the answer's back.
+    pub round_trip: Duration,
+    /// The server's own time to its first token.
+    pub server_ttft: Duration,
+    pub tokens_per_s: f64,
+}
+
+/// Serve on a free loopback port; returns the base URL (`…/v1`).
+pub async fn start(timing: Timing) -> anyhow::Result<String> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr: SocketAddr = listener.local_addr()?;
+    let app = Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .with_state(timing);
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Ok(format!("http://{addr}/v1"))
+}
+
+async fn chat(State(timing): State<Timing>, body: Bytes) -> Response {
+    let request: Value = serde_json::from_slice(&body).unwrap_or_default();
+    let tokens = request["max_tokens"].as_u64().unwrap_or(16).clamp(1, 4096) as usize;
+    let stream = request["stream"].as_bool().unwrap_or(false);
+    let per_token = Duration::from_secs_f64(1.0 / timing.tokens_per_s.max(1e-3));
+    // The first byte reaches the client after a whole round trip (the
+    // request's half and the answer's half) plus the server's first token.
+    tokio::time::sleep(timing.round_trip + timing.server_ttft).await;
+    if !stream {
+        tokio::time::sleep(per_token * tokens.saturating_sub(1) as u32).await;
+        let text = vec!["word"; tokens].join(" ");
+        return axum::Json(json!({
+            "id": "sim", "object": "chat.completion", "created": 0, "model": "sim",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 0, "completion_tokens": tokens, "total_tokens": tokens},
+        }))
+        .into_response();
+    }
+    let chunks = sse(tokens, per_token);
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .body(Body::from_stream(chunks))
+        .unwrap_or_else(|_| Response::default())
+}
+
+/// One SSE chunk per token at the decode speed, then usage and `[DONE]`.
+fn sse(tokens: usize, per_token: Duration) -> ReceiverStream<Result<String, Infallible>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(async move {
+        let chunk = |delta: Value, finish: Value, usage: Value| {
+            let mut event = json!({"id": "sim", "object": "chat.completion.chunk", "created": 0,
+                "model": "sim", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+            if !usage.is_null() {
+                event["usage"] = usage;
+            }
+            format!("data: {event}\n\n")
+        };
+        for i in 0..tokens {
+            if i > 0 {
+                tokio::time::sleep(per_token).await;
+            }
+            let piece = if i == 0 { "word" } else { " word" };
+            if tx
+                .send(Ok(chunk(
+                    json!({"content": piece}),
+                    Value::Null,
+                    Value::Null,
+                )))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+        let usage =
+            json!({"prompt_tokens": 0, "completion_tokens": tokens, "total_tokens": tokens});
+        let _ = tx.send(Ok(chunk(json!({}), json!("length"), usage))).await;
+        let _ = tx.send(Ok("data: [DONE]\n\n".to_string())).await;
+    });
+    ReceiverStream::new(rx)
+}

@@ -18,6 +18,7 @@ const WASM_TARGET: &str = "wasm32-wasip2";
 /// Each component's source folder (under components/) and file name.
 const COMPONENTS: &[(&str, &str)] = &[
     ("policy-default", "policy_default.wasm"),
+    ("policy-bandit", "policy_bandit.wasm"),
     ("local-worker", "local_worker.wasm"),
     ("cloud-fetch", "cloud_fetch.wasm"),
     ("fixtures/policy-always-cloud", "policy_always_cloud.wasm"),

@@ -15,6 +15,7 @@ pub mod cli;
 pub mod components;
 pub mod config;
 pub mod egress;
+pub mod feedback;
 pub mod ledger;
 pub mod nn;
 pub mod node;

@@ -2,6 +2,7 @@
 //! request handlers.
 
 use crate::config::Config;
+use crate::feedback::Recent;
 use crate::ledger::Ledger;
 use crate::nn::{LoadedModel, RuntimeParams};
 use crate::policy::PolicyHost;
@@ -23,6 +24,8 @@ pub struct Node {
     pub local: LocalTarget,
     pub cloud: CloudTarget,
     pub ledger: Ledger,
+    /// Outcomes of recent requests, for `POST /v1/feedback`.
+    pub recent: Recent,
     pub started: Instant,
     /// Bearer token of the admin endpoints; None turns them off.
     pub admin_token: Option<String>,
@@ -103,6 +106,7 @@ impl Node {
             local,
             cloud,
             ledger: Ledger::new(reference),
+            recent: Recent::default(),
             started: Instant::now(),
             admin_token: config.admin.token(),
             config,

@@ -10,8 +10,8 @@ use serde_json::{Value, json};
 
 use crate::EDGEROUTE;
 use crate::components::{
-    CLOUD_FETCH, POLICY_ALWAYS_CLOUD, POLICY_COUNTER, POLICY_COUNTER_V2, POLICY_DEFAULT,
-    POLICY_LOOP, POLICY_TRAP, POLICY_WRONG_WORLD,
+    CLOUD_FETCH, POLICY_ALWAYS_CLOUD, POLICY_BANDIT, POLICY_COUNTER, POLICY_COUNTER_V2,
+    POLICY_DEFAULT, POLICY_LOOP, POLICY_TRAP, POLICY_WRONG_WORLD,
 };
 
 const TOKEN: &str = "test-admin-token";
@@ -503,4 +503,97 @@ fn shadow_candidate_is_recorded_never_acted_on() {
     assert_eq!(status, 200);
     let (_, summary) = admin(&node, "GET", "/admin/shadow", None, Some(TOKEN));
     assert!(summary["candidate"].is_null(), "{summary}");
+}
+
+/// `learned N` in the bandit's reason: outcomes it has learned from.
+fn learned(resp: &edgeroute_testkit::Resp) -> u64 {
+    assert_eq!(resp.status, 200, "{resp:?}");
+    let reason = resp.decision_reason().unwrap_or_default();
+    reason
+        .split("learned ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("not a bandit reason: {reason}"))
+}
+
+/// `POST /v1/feedback` with a JSON body; the status and the JSON answer.
+fn feedback(node: &Node, body: Value) -> (u16, Value) {
+    let agent = ureq::Agent::new_with_config(
+        ureq::config::Config::builder()
+            .http_status_as_error(false)
+            .build(),
+    );
+    let response = agent
+        .post(format!("{}/v1/feedback", node.url()))
+        .send_json(body)
+        .unwrap_or_else(|e| panic!("POST /v1/feedback: {e}"));
+    let status = response.status().as_u16();
+    let text = response.into_body().read_to_string().unwrap_or_default();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+#[test]
+fn the_bandit_learns_from_outcomes_and_feedback_and_keeps_it_across_swaps_and_restarts() {
+    let cloud = FakeCloud::start();
+    let state_dir = std::env::temp_dir().join(unique("edgeroute-bandit"));
+    let start = || {
+        with_admin(EDGEROUTE.node(&cloud).policy_component(POLICY_BANDIT))
+            .policy_param("exploration", "0")
+            .arg("--state-dir")
+            .arg(state_dir.display().to_string())
+            .start()
+    };
+    let ask = |node: &Node, i: u32| {
+        node.post_chat(
+            json!({"model": "auto", "max_tokens": 6, "temperature": 0,
+                   "messages": [{"role": "user", "content": format!("Name a colour, {i}.")}]}),
+            &[],
+        )
+    };
+    let node = start();
+    let first = ask(&node, 0);
+    assert!(
+        first.reason().unwrap_or_default().contains("p=1.00"),
+        "{first:?}"
+    );
+    let seen: Vec<u64> = std::iter::once(learned(&first))
+        .chain((1..4).map(|i| learned(&ask(&node, i))))
+        .collect();
+    assert_eq!(seen, [0, 1, 2, 3], "each outcome is learned once");
+
+    // Feedback reaches the policy (a correction, not a new outcome).
+    let id = first.json()["id"].as_str().unwrap().to_string();
+    let (status, body) = feedback(&node, json!({"id": id, "score": 0.9}));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["delivered_to_policy"], true, "{body}");
+    assert_eq!(learned(&ask(&node, 4)), 4);
+    let (status, body) = feedback(&node, json!({"id": "chatcmpl-nope", "score": 0.5}));
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (404, Some("request_not_found")),
+        "{body}"
+    );
+    let (status, body) = feedback(&node, json!({"id": id, "score": 1.5}));
+    assert_eq!(
+        (status, body["error"]["param"].as_str()),
+        (400, Some("score")),
+        "{body}"
+    );
+
+    // A swap to a new version of itself carries the model over.
+    let (status, body) = swap(&node, &bytes(POLICY_BANDIT));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(learned(&ask(&node, 5)), 5);
+
+    // So does a restart (state is persisted at least once a second).
+    std::thread::sleep(Duration::from_millis(2500));
+    drop(node);
+    let node = start();
+    assert_eq!(learned(&ask(&node, 6)), 6);
+    drop(node);
+    let _ = std::fs::remove_dir_all(&state_dir);
 }

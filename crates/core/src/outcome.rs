@@ -14,4 +14,6 @@ pub struct Outcome {
     pub cost_micro_usd: u64,
     /// The local model's confidence in its answer (0 to 1), when measured.
     pub confidence: Option<f32>,
+    /// The client's score of the answer (0 to 1), from `POST /v1/feedback`.
+    pub feedback: Option<f32>,
 }

@@ -5,6 +5,7 @@
 
 mod admin;
 pub mod error;
+mod feedback;
 pub mod openai;
 
 use crate::node::Node;
@@ -46,6 +47,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/models", get(models))
         .route("/healthz", get(healthz))
         .route("/ledger", get(ledger))
+        .route("/v1/feedback", post(feedback::post))
         .merge(admin::routes())
         .method_not_allowed_fallback(|method: axum::http::Method| async move {
             ApiError::new(

@@ -166,6 +166,7 @@ pub mod v2 {
             completion_tokens: o.usage.completion_tokens,
             cost_micro_usd: o.cost_micro_usd,
             confidence: o.confidence,
+            feedback: o.feedback,
         }
     }
 }
@@ -240,11 +241,12 @@ mod tests {
             usage: Default::default(),
             cost_micro_usd: 0,
             confidence: Some(0.25),
+            feedback: Some(0.5),
         };
         assert_eq!(v1::outcome(&outcome).served_by, "none");
         let v2 = v2::outcome(&outcome);
         assert!(v2.served_by.is_none());
-        assert_eq!(v2.confidence, Some(0.25));
+        assert_eq!((v2.confidence, v2.feedback), (Some(0.25), Some(0.5)));
         let features = Features {
             detected: vec!["email"],
             ..Default::default()

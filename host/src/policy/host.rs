@@ -322,6 +322,7 @@ mod tests {
                 usage: Usage::default(),
                 cost_micro_usd: 0,
                 confidence: None,
+                feedback: None,
             };
             host.observe(&host.current(), &outcome).await;
             host.persist().await;

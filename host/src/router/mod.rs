@@ -560,7 +560,9 @@ impl Context {
             usage,
             cost_micro_usd: (cost_usd * 1e6) as u64,
             confidence,
+            feedback: None,
         };
+        self.node.recent.remember(&self.policy, &outcome);
         self.node.policy.observe(&self.policy, &outcome).await;
     }
 }

@@ -1,0 +1,51 @@
+//! Outcomes of recent requests, kept so a client's later score of an
+//! answer (`POST /v1/feedback`) reaches the policy version that routed it,
+//! as a second `observe` with the score. Bounded: the oldest are forgotten,
+//! and feedback for them is answered like feedback for an unknown id.
+
+use crate::policy::PolicyVersion;
+use edgeroute_core::Outcome;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+/// How many finished requests can still take feedback.
+pub const REMEMBERED: usize = 10_000;
+
+#[derive(Default)]
+pub struct Recent {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    by_id: HashMap<String, (Arc<PolicyVersion>, Outcome)>,
+    order: VecDeque<String>,
+}
+
+impl Recent {
+    pub fn remember(&self, version: &Arc<PolicyVersion>, outcome: &Outcome) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let id = outcome.request_id.clone();
+        if inner
+            .by_id
+            .insert(id.clone(), (version.clone(), outcome.clone()))
+            .is_none()
+        {
+            inner.order.push_back(id);
+        }
+        while inner.order.len() > REMEMBERED {
+            if let Some(old) = inner.order.pop_front() {
+                inner.by_id.remove(&old);
+            }
+        }
+    }
+
+    /// The request's outcome with `score` as its feedback, and the version
+    /// that routed it; None for an id this node does not remember.
+    pub fn with_feedback(&self, id: &str, score: f32) -> Option<(Arc<PolicyVersion>, Outcome)> {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let (version, outcome) = inner.by_id.get_mut(id)?;
+        outcome.feedback = Some(score);
+        Some((version.clone(), outcome.clone()))
+    }
+}

@@ -5,6 +5,7 @@
 use crate::config::Config;
 use crate::policy;
 use crate::policy::eval::conformance::{self, Targets};
+use crate::policy::eval::replay::{self, Weights};
 use anyhow::{Context, bail};
 use clap::Subcommand;
 use std::path::PathBuf;
@@ -24,6 +25,22 @@ pub enum PolicyCommand {
         /// Random requests to try.
         #[arg(long, default_value_t = 500)]
         cases: u32,
+    },
+    /// Estimate how a candidate would have done on a node's decision log
+    /// (`edgeroute up --decision-log FILE`): inverse-propensity, direct and
+    /// doubly-robust estimates of its mean reward, against the live
+    /// policy's.
+    Replay {
+        log: PathBuf,
+        file: PathBuf,
+        /// Node configuration (the candidate's parameters and deadline).
+        #[arg(long, default_value = "runtime-config/edgeroute.toml")]
+        config: PathBuf,
+        #[command(flatten)]
+        weights: Weights,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Swap a running node's policy (PUT /admin/policy).
     Swap {
@@ -92,6 +109,13 @@ pub async fn policy(command: PolicyCommand) -> anyhow::Result<()> {
             reference,
             cases,
         } => check(file, config, reference, cases).await,
+        PolicyCommand::Replay {
+            log,
+            file,
+            config,
+            weights,
+            json,
+        } => replay_log(log, file, config, weights, json).await,
         PolicyCommand::Swap { file, node } => {
             let bytes =
                 std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
@@ -106,6 +130,51 @@ pub async fn policy(command: PolicyCommand) -> anyhow::Result<()> {
             tokio::task::spawn_blocking(move || node.send("GET", "/admin/policy", None)).await?
         }
     }
+}
+
+async fn replay_log(
+    log: PathBuf,
+    file: PathBuf,
+    config: PathBuf,
+    weights: Weights,
+    json: bool,
+) -> anyhow::Result<()> {
+    let config = Config::load(&config)?;
+    let text = std::fs::read_to_string(&log)
+        .with_context(|| format!("cannot read the decision log {}", log.display()))?;
+    let (decided, feedback) = replay::read(&text)?;
+    let bytes = std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
+    let engine = crate::runtime::engine()?;
+    let candidate =
+        policy::admit(&engine, bytes, file.display().to_string(), &config.policy).await?;
+    let report = replay::replay(&candidate, &decided, &feedback, &weights).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    println!(
+        "replayed {} decisions ({} with feedback) from {}",
+        report.records,
+        feedback.len(),
+        log.display()
+    );
+    println!("  mean reward of the live policy:  {:.4}", report.logged);
+    println!(
+        "  candidate {}: IPS {:.4}  DM {:.4}  DR {:.4}  (agrees on {:.1} %)",
+        file.display(),
+        report.ips,
+        report.dm,
+        report.dr,
+        report.agreement * 100.0
+    );
+    println!("  live plans:      {:?}", report.logged_plans);
+    println!("  candidate plans: {:?}", report.candidate_plans);
+    if report.deterministic_logging {
+        println!(
+            "  note: the live policy logged no propensities (deterministic): IPS only sees the requests where the candidate agrees"
+        );
+    }
+    Ok(())
 }
 
 async fn check(file: PathBuf, config: PathBuf, reference: bool, cases: u32) -> anyhow::Result<()> {

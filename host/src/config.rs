@@ -29,6 +29,9 @@ pub struct NodeConfig {
     /// Where the node keeps state across restarts (a policy's snapshot).
     /// None: nothing is persisted.
     pub state_dir: Option<PathBuf>,
+    /// Append every decision and its outcome here (JSON lines, no prompt
+    /// text), for `edgeroute policy replay`. None: no log.
+    pub decision_log: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -235,6 +238,11 @@ impl Config {
     }
 
     fn resolve_paths(&mut self, base: &Path) {
+        if let Some(log) = &self.node.decision_log
+            && log.is_relative()
+        {
+            self.node.decision_log = Some(base.join(log));
+        }
         if let Some(dir) = &self.node.state_dir
             && dir.is_relative()
         {

@@ -14,6 +14,7 @@ pub mod bindings;
 pub mod cli;
 pub mod components;
 pub mod config;
+pub mod decisions;
 pub mod egress;
 pub mod feedback;
 pub mod ledger;

@@ -35,6 +35,10 @@ struct NodeArgs {
     /// Keep state across restarts here (overrides [node] state_dir).
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
+    /// Append decisions and outcomes to this JSON-lines file (overrides
+    /// [node] decision_log), for `edgeroute policy replay`.
+    #[arg(long, value_name = "FILE")]
+    decision_log: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -72,6 +76,9 @@ fn load_config(args: &NodeArgs) -> anyhow::Result<Config> {
     }
     if let Some(dir) = &args.state_dir {
         config.node.state_dir = Some(dir.clone());
+    }
+    if let Some(log) = &args.decision_log {
+        config.node.decision_log = Some(log.clone());
     }
     Ok(config)
 }

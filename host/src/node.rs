@@ -2,6 +2,7 @@
 //! request handlers.
 
 use crate::config::Config;
+use crate::decisions::DecisionLog;
 use crate::feedback::Recent;
 use crate::ledger::Ledger;
 use crate::nn::{LoadedModel, RuntimeParams};
@@ -26,6 +27,8 @@ pub struct Node {
     pub ledger: Ledger,
     /// Outcomes of recent requests, for `POST /v1/feedback`.
     pub recent: Recent,
+    /// Where decisions and outcomes are appended, when configured.
+    pub decisions: Option<DecisionLog>,
     pub started: Instant,
     /// Bearer token of the admin endpoints; None turns them off.
     pub admin_token: Option<String>,
@@ -107,6 +110,10 @@ impl Node {
             cloud,
             ledger: Ledger::new(reference),
             recent: Recent::default(),
+            decisions: match &config.node.decision_log {
+                Some(path) => Some(DecisionLog::open(path)?),
+                None => None,
+            },
             started: Instant::now(),
             admin_token: config.admin.token(),
             config,

@@ -597,3 +597,84 @@ fn the_bandit_learns_from_outcomes_and_feedback_and_keeps_it_across_swaps_and_re
     drop(node);
     let _ = std::fs::remove_dir_all(&state_dir);
 }
+
+/// `edgeroute policy replay LOG FILE --json` with the node's own config.
+fn replay(node_config: &std::path::Path, log: &std::path::Path, candidate: &str) -> Value {
+    let output = EDGEROUTE
+        .command()
+        .args(["policy", "replay"])
+        .arg(log)
+        .arg(candidate)
+        .arg("--config")
+        .arg(node_config)
+        .arg("--json")
+        .output()
+        .expect("run edgeroute policy replay");
+    assert!(
+        output.status.success(),
+        "replay failed: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("replay --json prints JSON")
+}
+
+#[test]
+fn a_decision_log_from_a_real_node_replays() {
+    let cloud = FakeCloud::start();
+    let log = std::env::temp_dir().join(format!("{}.jsonl", unique("decisions")));
+    let node = EDGEROUTE
+        .node(&cloud)
+        .arg("--decision-log")
+        .arg(log.display().to_string())
+        .start();
+    let short = json!({"model": "auto", "max_tokens": 4, "messages": [{"role": "user", "content": "Say hi."}]});
+    let first = node.post_chat(short.clone(), &[]);
+    assert_eq!(first.status, 200, "{first:?}");
+    assert_eq!(node.post_chat(long_prompt("replay"), &[]).status, 200);
+    let restricted = node.post_chat(short, &[("x-edgeroute-sensitivity", "restricted")]);
+    assert_eq!(restricted.status, 200, "{restricted:?}");
+    let id = first.json()["id"].as_str().unwrap().to_string();
+    let (status, body) = feedback(&node, json!({"id": id, "score": 0.25}));
+    assert_eq!(status, 200, "{body}");
+    // The node's folder goes with it: keep its config for the replay.
+    let config = log.with_extension("toml");
+    std::fs::copy(node.dir().join("edgeroute.toml"), &config).unwrap();
+    drop(node);
+
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        text.lines().count(),
+        4,
+        "three decisions and a feedback:\n{text}"
+    );
+    assert!(
+        !text.contains("Say hi"),
+        "the log never holds prompt text:\n{text}"
+    );
+
+    // The live (deterministic) policy replayed on its own log agrees
+    // everywhere, so every estimate is the logged mean reward.
+    let same = replay(&config, &log, POLICY_DEFAULT);
+    assert_eq!(same["records"], 3, "{same}");
+    assert_eq!(same["agreement"], 1.0, "{same}");
+    let logged = same["logged"].as_f64().unwrap();
+    for estimate in ["ips", "dm", "dr"] {
+        let value = same[estimate].as_f64().unwrap();
+        assert!(
+            (value - logged).abs() < 1e-9,
+            "{estimate} {value} vs {logged}: {same}"
+        );
+    }
+    assert_eq!(same["deterministic_logging"], true, "{same}");
+    // A policy that sends everything to the cloud agrees only on the long
+    // prompt the live policy also sent there.
+    let other = replay(&config, &log, POLICY_ALWAYS_CLOUD);
+    assert!(
+        (other["agreement"].as_f64().unwrap() - 1.0 / 3.0).abs() < 1e-9,
+        "{other}"
+    );
+    assert_eq!(other["candidate_plans"]["cloud:frontier"], 3, "{other}");
+    let _ = std::fs::remove_file(&log);
+    let _ = std::fs::remove_file(&config);
+}

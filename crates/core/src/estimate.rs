@@ -44,7 +44,8 @@ impl Ewma {
 pub const ALPHA: f64 = 0.2;
 
 /// A target's predicted latency for one request, in milliseconds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Estimate {
     /// Until the first token: waiting, the round trip, the prefill.
     pub ttft_ms: u32,

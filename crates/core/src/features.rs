@@ -4,8 +4,12 @@
 
 use crate::estimate::Estimate;
 use crate::sensitivity::Sensitivity;
+use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+/// Serialisable so a node's decision log can hold them and a replay can
+/// give them to another policy (they never contain prompt text).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Features {
     pub request_id: String,
     pub requested_model: String,
@@ -17,7 +21,7 @@ pub struct Features {
     pub max_tokens: u32,
     pub sensitivity: Sensitivity,
     /// The kinds of data detectors found (not the data).
-    pub detected: Vec<&'static str>,
+    pub detected: Vec<String>,
     pub may_leave: bool,
     pub task: String,
     pub latency_budget_ms: Option<u32>,
@@ -41,7 +45,8 @@ pub struct Features {
 
 /// Statistics a policy may use as a cheap complexity signal. They count
 /// the user's messages only (a system prompt is the same on every call).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TextStats {
     /// Characters (Unicode scalar values).
     pub chars: u32,

@@ -58,6 +58,12 @@ pub async fn post(State(node): State<Arc<Node>>, body: Bytes) -> Result<Json<Val
         )
         .param("id"));
     };
+    if let Some(log) = &node.decisions {
+        log.write(&crate::decisions::Line::Feedback {
+            id: feedback.id.clone(),
+            feedback: score,
+        });
+    }
     let delivered = version.world != "0.1";
     if delivered {
         node.policy.observe(&version, &outcome).await;
@@ -65,7 +71,7 @@ pub async fn post(State(node): State<Arc<Node>>, body: Bytes) -> Result<Json<Val
     Ok(Json(json!({
         "object": "feedback",
         "id": feedback.id,
-        "score": score,
+        "score": feedback.score,
         "policy": version.id,
         "delivered_to_policy": delivered,
     })))

@@ -100,7 +100,7 @@ pub mod v2 {
             prompt_tokens: f.prompt_tokens,
             max_tokens: f.max_tokens,
             sensitivity: sensitivity(f.sensitivity),
-            detected: f.detected.iter().map(|k| k.to_string()).collect(),
+            detected: f.detected.clone(),
             may_leave: f.may_leave,
             task: f.task.clone(),
             latency_budget_ms: f.latency_budget_ms,
@@ -248,7 +248,7 @@ mod tests {
         assert!(v2.served_by.is_none());
         assert_eq!((v2.confidence, v2.feedback), (Some(0.25), Some(0.5)));
         let features = Features {
-            detected: vec!["email"],
+            detected: vec!["email".into()],
             ..Default::default()
         };
         assert!(v1::features(&features).pii_detected);

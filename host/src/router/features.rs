@@ -140,7 +140,7 @@ pub fn extract(
         cached_prefix_tokens,
         max_tokens: request.max_tokens,
         sensitivity: level,
-        detected: sensitivity.detected().collect(),
+        detected: sensitivity.detected().map(str::to_string).collect(),
         may_leave: facts.may_leave,
         task: request
             .metadata

@@ -114,6 +114,8 @@ struct Context {
     /// The first hop's confidence when a cascade judged it; the outcome
     /// reports it even when another target served the answer.
     judged: Option<f32>,
+    /// The policy's decision as a label, and its propensity (the log).
+    decision: (String, Option<f32>),
 }
 
 /// A request after policy and guard, not yet dispatched.
@@ -164,6 +166,10 @@ pub async fn decide(
     let extracted = extracted.map_err(Failure::Invalid)?;
     let (policy, decision) = node.policy.route(&extracted.features).await;
     node.shadow.compare(&extracted.features, &decision);
+    let logged = (
+        crate::policy::convert::label(&decision),
+        decision.as_ref().ok().and_then(|d| d.propensity),
+    );
     let ctx = Context {
         node: node.clone(),
         policy,
@@ -171,6 +177,7 @@ pub async fn decide(
         extracted,
         started,
         judged: None,
+        decision: logged,
     };
     let placement = ctx.with_view(|view| guard::place(decision, &ctx.extracted.facts, view));
     Ok(Decided { ctx, placement })
@@ -563,6 +570,18 @@ impl Context {
             feedback: None,
         };
         self.node.recent.remember(&self.policy, &outcome);
+        if let Some(log) = &self.node.decisions {
+            log.write(&crate::decisions::Line::Decision(Box::new(
+                crate::decisions::Decided {
+                    id: self.request.id.clone(),
+                    policy: self.policy.id.clone(),
+                    features: self.features().clone(),
+                    decision: self.decision.0.clone(),
+                    propensity: self.decision.1,
+                    outcome: (&outcome).into(),
+                },
+            )));
+        }
         self.node.policy.observe(&self.policy, &outcome).await;
     }
 }

@@ -178,7 +178,7 @@ fn random_features(rng: &mut XorShift, targets: &Targets) -> Features {
         max_tokens: 1 + rng.below(2048) as u32,
         sensitivity,
         detected: if rng.below(4) == 0 {
-            vec!["email"]
+            vec!["email".into()]
         } else {
             Vec::new()
         },

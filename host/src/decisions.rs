@@ -1,0 +1,92 @@
+//! The decision log: one JSON line per finished request — the features a
+//! policy saw (never the prompt text), the decision and its propensity, the
+//! policy version, and the outcome — and one line per feedback. It is what
+//! `edgeroute policy replay` evaluates a candidate policy on, off-policy,
+//! before anyone swaps it in. Off unless `[node] decision_log` (or
+//! `edgeroute up --decision-log FILE`) names a file; lines are appended.
+
+use edgeroute_core::{Features, Outcome};
+use serde::{Deserialize, Serialize};
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+use std::sync::Mutex;
+
+/// One line of the log.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Line {
+    Decision(Box<Decided>),
+    Feedback { id: String, feedback: f32 },
+}
+
+/// A request's decision and how it ended.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Decided {
+    pub id: String,
+    /// The id of the policy version that decided.
+    pub policy: String,
+    pub features: Features,
+    /// The plan as a label: `local:smollm2`, `cloud:frontier`, a cascade
+    /// `local:smollm2→cloud:frontier`, `reject` or `failed`.
+    pub decision: String,
+    pub propensity: Option<f32>,
+    pub outcome: Logged,
+}
+
+/// The outcome as the log keeps it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Logged {
+    /// `local:NAME`, `cloud:NAME`, or none when refused.
+    pub served_by: Option<String>,
+    pub ok: bool,
+    pub latency_ms: u32,
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    pub cost_micro_usd: u64,
+    pub confidence: Option<f32>,
+}
+
+impl From<&Outcome> for Logged {
+    fn from(o: &Outcome) -> Self {
+        Logged {
+            served_by: o.served_by.as_ref().map(ToString::to_string),
+            ok: o.ok,
+            latency_ms: o.latency_ms,
+            prompt_tokens: o.usage.prompt_tokens,
+            completion_tokens: o.usage.completion_tokens,
+            cost_micro_usd: o.cost_micro_usd,
+            confidence: o.confidence,
+        }
+    }
+}
+
+pub struct DecisionLog {
+    file: Mutex<BufWriter<File>>,
+}
+
+impl DecisionLog {
+    pub fn open(path: &Path) -> anyhow::Result<Self> {
+        use anyhow::Context;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .with_context(|| format!("cannot open the decision log {}", path.display()))?;
+        Ok(DecisionLog {
+            file: Mutex::new(BufWriter::new(file)),
+        })
+    }
+
+    /// Append one line. A failed write is logged, never a failed request.
+    pub fn write(&self, line: &Line) {
+        let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        let written = serde_json::to_writer(&mut *file, line)
+            .map_err(std::io::Error::from)
+            .and_then(|()| file.write_all(b"\n"))
+            .and_then(|()| file.flush());
+        if let Err(error) = written {
+            tracing::warn!("could not write the decision log: {error}");
+        }
+    }
+}

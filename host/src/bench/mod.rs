@@ -63,12 +63,12 @@ fn decode_rate(tokens: u32, decode: Duration) -> f64 {
 
 fn direct(
     model: &Arc<nn::LoadedModel>,
-    prompt: &str,
+    prompt: &[llama_cpp_2::token::LlamaToken],
     sampling: Sampling,
 ) -> anyhow::Result<Sample> {
     let t0 = Instant::now();
     // No prefix cache: every run prefills, as the wasi-nn path's does.
-    let mut generation = model.start(prompt, sampling, None)?;
+    let mut generation = model.start(prompt.to_vec(), sampling, None)?;
     let mut text = generation.step()?.text;
     let t_first = Instant::now();
     let (rest, _) = generation.run_to_end()?;
@@ -176,7 +176,8 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
     if options.chain_only {
         return chain::run(&node, &name, &options.chain).await;
     }
-    let prompt = model.render_chat(&messages)?;
+    // The same tokens the wasi-nn path gets from these messages.
+    let prompt = model.chat_tokens(&messages)?;
     let sampling = Sampling {
         max_tokens: options.tokens,
         temperature: 0.0,

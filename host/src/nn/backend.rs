@@ -131,14 +131,15 @@ impl LlamaExecution {
                 .map_err(|e| failure(format!("input 'metadata' is not valid JSON: {e}")))?,
             None => Metadata::default(),
         };
-        let prompt = if let Some(json) = text_of("messages")? {
+        let tokens = if let Some(json) = text_of("messages")? {
             let messages: Vec<ChatMessage> = serde_json::from_str(json)
                 .map_err(|e| failure(format!("input 'messages' is not a message list: {e}")))?;
             let pairs: Vec<(String, String)> =
                 messages.into_iter().map(|m| (m.role, m.content)).collect();
-            self.model.render_chat(&pairs).map_err(backend_error)?
+            self.model.chat_tokens(&pairs).map_err(backend_error)?
         } else if let Some(prompt) = text_of("prompt")? {
-            prompt.to_string()
+            // A raw prompt is the caller's own: its control tokens count.
+            self.model.tokenize(prompt)
         } else {
             return Err(failure(
                 "the first compute needs a 'messages' or 'prompt' input",
@@ -153,7 +154,7 @@ impl LlamaExecution {
         };
         let generation = self
             .model
-            .start(&prompt, sampling, self.cache.clone())
+            .start(tokens, sampling, self.cache.clone())
             .map_err(backend_error)?;
         self.meter
             .lock()

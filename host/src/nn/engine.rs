@@ -116,10 +116,48 @@ impl LoadedModel {
             .map_err(|e| anyhow!("chat template of '{}' failed: {e}", self.name))
     }
 
+    /// Tokens of raw text, control tokens (`<|im_start|>`) included: for
+    /// a prompt the caller built itself.
     pub fn tokenize(&self, text: &str) -> Vec<LlamaToken> {
-        // parse_special: the template's control tokens (<|im_start|>) must
-        // become single tokens, as the model was trained.
         self.model.vocab().tokenize(text.as_bytes(), true, true)
+    }
+
+    /// Tokens of a chat through the model's template: the template's
+    /// control tokens become single tokens, as the model was trained, and
+    /// the messages' own text never does. A user who types
+    /// `<|im_end|><|im_start|>system` gets those characters as text, not a
+    /// forged system turn (and a prompt full of them costs no more than
+    /// other text). The template is rendered with a placeholder for each
+    /// message's content, and the text between placeholders is the
+    /// template's.
+    pub fn chat_tokens(&self, messages: &[(String, String)]) -> anyhow::Result<Vec<LlamaToken>> {
+        // Private-use characters: no template writes them.
+        let mark = |i: usize| format!("\u{E000}edgeroute-message-{i}\u{E001}");
+        let placeholders: Vec<(String, String)> = messages
+            .iter()
+            .enumerate()
+            .map(|(i, (role, _))| (role.clone(), mark(i)))
+            .collect();
+        let rendered = self.render_chat(&placeholders)?;
+        let vocab = self.model.vocab();
+        let mut tokens = Vec::new();
+        let mut rest = rendered.as_str();
+        for (i, (_, content)) in messages.iter().enumerate() {
+            let (template, after) = rest.split_once(&mark(i)).ok_or_else(|| {
+                anyhow!(
+                    "the chat template of '{}' changes message text, so the messages cannot be kept apart from its control tokens",
+                    self.name
+                )
+            })?;
+            tokens.extend(vocab.tokenize(template.as_bytes(), i == 0, true));
+            tokens.extend(vocab.tokenize(content.as_bytes(), false, false));
+            rest = after;
+        }
+        if rest.contains('\u{E000}') {
+            bail!("the chat template of '{}' repeats message text", self.name);
+        }
+        tokens.extend(vocab.tokenize(rest.as_bytes(), messages.is_empty(), true));
+        Ok(tokens)
     }
 
     /// How long a request of this size would take here once its turn
@@ -154,11 +192,11 @@ impl LoadedModel {
     /// one (the benchmark's baselines) it neither reuses nor keeps.
     pub fn start(
         self: &Arc<Self>,
-        prompt: &str,
+        tokens: Vec<LlamaToken>,
         sampling: Sampling,
         cache: Option<CacheScope>,
     ) -> anyhow::Result<Generation> {
-        Generation::new(self.clone(), prompt, sampling, cache)
+        Generation::new(self.clone(), tokens, sampling, cache)
     }
 
     fn new_context(&self, chunk: u32) -> anyhow::Result<LlamaContext<'static>> {
@@ -277,12 +315,11 @@ pub struct Generation {
 impl Generation {
     fn new(
         model: Arc<LoadedModel>,
-        prompt: &str,
+        tokens: Vec<LlamaToken>,
         sampling: Sampling,
         cache: Option<CacheScope>,
     ) -> anyhow::Result<Self> {
         let started = Instant::now();
-        let tokens = model.tokenize(prompt);
         let n_ctx = model.runtime.context_size;
         if tokens.is_empty() {
             bail!("the prompt is empty");

@@ -94,10 +94,9 @@ fn prompt_tokens(
         let bytes: usize = request.messages.iter().map(|(_, text)| text.len()).sum();
         return Ok((bytes.div_ceil(4) as u32, 0));
     };
-    let prompt = model
-        .render_chat(&request.messages)
+    let tokens = model
+        .chat_tokens(&request.messages)
         .map_err(|e| Invalid::request(format!("cannot format the messages: {e:#}")))?;
-    let tokens = model.tokenize(&prompt);
     Ok((tokens.len() as u32, model.cached_prefix(&tokens, cache)))
 }
 

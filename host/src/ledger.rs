@@ -1,6 +1,8 @@
-//! The ledger: traffic bucketed by prompt length, task and sensitivity,
-//! with what each placement cost and how long it took, so an operator can
-//! see what the router saves (`GET /ledger`).
+//! The ledger: traffic bucketed by prompt length, task, sensitivity,
+//! latency budget and the local model's confidence, with what each
+//! placement cost and how long it took, so an operator can see what the
+//! router saves, where the cascade escalates and where a learned policy
+//! explores (`GET /ledger`).
 
 use edgeroute_core::{Prices, Sensitivity, Target, TargetKind, Usage};
 use serde::Serialize;
@@ -17,6 +19,10 @@ pub struct Entry<'a> {
     pub usage: Usage,
     pub latency_ms: f64,
     pub cost_usd: f64,
+    /// The client's latency budget, if it gave one.
+    pub latency_budget_ms: Option<u32>,
+    /// The local model's confidence in the answer, when measured.
+    pub confidence: Option<f32>,
     /// The first leg of a cascade whose answer was escalated: its work
     /// counts, and the bucket shows how often the cascade gave up on it.
     pub escalated: bool,
@@ -59,6 +65,28 @@ struct Key {
     length: &'static str,
     task: String,
     sensitivity: &'static str,
+    budget: &'static str,
+    confidence: &'static str,
+}
+
+fn budget_band(budget_ms: Option<u32>) -> &'static str {
+    match budget_ms {
+        None => "none",
+        Some(0..1000) => "<1s",
+        Some(1000..5000) => "1-5s",
+        Some(_) => "5s+",
+    }
+}
+
+/// Bands of the geometric-mean token probability: where a cascade with a
+/// threshold in one of them would escalate.
+fn confidence_band(confidence: Option<f32>) -> &'static str {
+    match confidence {
+        None => "n/a",
+        Some(c) if c < 0.4 => "<0.4",
+        Some(c) if c < 0.7 => "0.4-0.7",
+        Some(_) => "0.7+",
+    }
 }
 
 fn length_bucket(tokens: u32) -> &'static str {
@@ -92,6 +120,8 @@ impl Ledger {
                 entry.task.to_string()
             },
             sensitivity: entry.sensitivity.name(),
+            budget: budget_band(entry.latency_budget_ms),
+            confidence: confidence_band(entry.confidence),
         };
         let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
         let bucket = buckets.entry(key).or_default();
@@ -128,6 +158,8 @@ impl Ledger {
                 "prompt_tokens": key.length,
                 "task": key.task,
                 "sensitivity": key.sensitivity,
+                "latency_budget": key.budget,
+                "confidence": key.confidence,
                 "local": { "requests": b.local.requests, "mean_latency_ms": b.local.mean_latency_ms(), "completion_tokens": b.local.completion_tokens },
                 "cloud": { "requests": b.cloud.requests, "mean_latency_ms": b.cloud.mean_latency_ms(), "completion_tokens": b.cloud.completion_tokens, "cost_usd": b.cloud.cost_usd },
                 "refused": b.refused,
@@ -158,6 +190,8 @@ mod tests {
             },
             latency_ms,
             cost_usd,
+            latency_budget_ms: None,
+            confidence: None,
             escalated: false,
         }
     }
@@ -185,5 +219,46 @@ mod tests {
         // cloud mean 900 vs local mean 200, over two local requests
         assert_eq!(row["latency_saved_ms"], 1400.0);
         assert_eq!(s["totals"]["cloud_cost_usd"], 0.5);
+    }
+
+    #[test]
+    fn budget_and_confidence_split_the_buckets() {
+        let ledger = Ledger::new(Prices::default());
+        let local = Target::Local("smollm2".into());
+        for (budget, confidence, escalated) in [
+            (None, Some(0.9), false),
+            (Some(800), Some(0.3), true),
+            (Some(800), Some(0.35), true),
+            (Some(3000), Some(0.5), false),
+        ] {
+            ledger.record(Entry {
+                latency_budget_ms: budget,
+                confidence,
+                escalated,
+                ..entry(Some(&local), 100.0, 0.0)
+            });
+        }
+        let s = ledger.summary();
+        let rows = s["buckets"].as_array().unwrap();
+        assert_eq!(rows.len(), 3, "{s}");
+        let unsure = rows
+            .iter()
+            .find(|r| r["latency_budget"] == "<1s" && r["confidence"] == "<0.4")
+            .unwrap();
+        assert_eq!(
+            (
+                unsure["local"]["requests"].as_u64(),
+                unsure["escalated"].as_u64()
+            ),
+            (Some(2), Some(2))
+        );
+        assert!(
+            rows.iter()
+                .any(|r| r["latency_budget"] == "none" && r["confidence"] == "0.7+")
+        );
+        assert!(
+            rows.iter()
+                .any(|r| r["latency_budget"] == "1-5s" && r["confidence"] == "0.4-0.7")
+        );
     }
 }

@@ -80,6 +80,7 @@ pub(super) async fn judge(
             false,
             Usage::default(),
             Leg::FailedEscalation,
+            None,
         );
         run.reason = format!(
             "{}; {why}, but {} failed ({failure}): local answer kept",
@@ -94,7 +95,7 @@ pub(super) async fn judge(
         None => run::join(&mut run.task).await,
     };
     let usage = first_result.map_or(Usage::default(), |c| ctx.finished(c).usage);
-    ctx.record_leg(Some(&run.target), true, usage, Leg::Escalated);
+    ctx.record_leg(Some(&run.target), true, usage, Leg::Escalated, ctx.judged);
     ctx.answer(second, answer).await
 }
 

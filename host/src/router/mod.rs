@@ -486,6 +486,7 @@ impl Context {
         ok: bool,
         usage: Usage,
         leg: Leg,
+        confidence: Option<f32>,
     ) -> (Usage, f64) {
         let usage = Usage {
             prompt_tokens: match usage.prompt_tokens {
@@ -516,6 +517,8 @@ impl Context {
             usage,
             latency_ms: self.started.elapsed().as_secs_f64() * 1e3,
             cost_usd,
+            latency_budget_ms: self.features().latency_budget_ms,
+            confidence,
             escalated: leg == Leg::Escalated,
         });
         (usage, cost_usd)
@@ -546,7 +549,7 @@ impl Context {
         confidence: Option<f32>,
     ) {
         let latency_ms = self.started.elapsed().as_secs_f64() * 1e3;
-        let (usage, cost_usd) = self.record_leg(served_by, ok, usage, Leg::Answer);
+        let (usage, cost_usd) = self.record_leg(served_by, ok, usage, Leg::Answer, confidence);
         let served = crate::policy::convert::served_by(served_by);
         tracing::info!(
             request_id = %self.request.id,

@@ -823,6 +823,12 @@ fn full_local_queue_fails_closed_for_restricted_and_spills_public_to_cloud() {
     assert_eq!(resp.status, 503, "restricted with a full queue\n{resp:?}");
     let error = assert_openai_error(&resp, "restricted with a full queue");
     assert_eq!(error["code"], "local_busy", "{resp:?}");
+    // When to come back: the node's estimate of the local wait, >= 1 s.
+    let retry: u32 = resp
+        .header("retry-after")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("a busy 503 says when to retry\n{resp:?}"));
+    assert!(retry >= 1, "{resp:?}");
     assert_nothing_left(
         &cloud,
         std::slice::from_ref(&canary),

@@ -91,6 +91,9 @@ pub fn set_route_headers(headers: &mut HeaderMap, route: &Route) {
     {
         headers.insert(POLICY_HEADER, id);
     }
+    if let Some(seconds) = route.retry_after_s {
+        headers.insert(axum::http::header::RETRY_AFTER, HeaderValue::from(seconds));
+    }
     if let Some(tokens) = route.cached_tokens {
         headers.insert(CACHED_TOKENS_HEADER, HeaderValue::from(tokens));
     }

@@ -44,6 +44,9 @@ pub struct Route {
     pub confidence: Option<f32>,
     /// Prompt tokens the local model continued from its prefix cache.
     pub cached_tokens: Option<u32>,
+    /// When a busy local model may take the request again, in seconds
+    /// (`Retry-After` on a 503).
+    pub retry_after_s: Option<u32>,
 }
 
 /// Why a request was not served.
@@ -359,6 +362,12 @@ impl Context {
         }
     }
 
+    /// The local model's estimated wait for a slot, in whole seconds (at
+    /// least 1): when a client refused for a full queue should come back.
+    fn retry_after_s(&self) -> u32 {
+        self.node.local.wait_ms().div_ceil(1000).max(1)
+    }
+
     fn route(&self, target: Option<Target>, reason: String) -> Route {
         Route {
             target,
@@ -366,6 +375,7 @@ impl Context {
             policy_id: Some(self.policy.id.clone()),
             confidence: self.judged,
             cached_tokens: None,
+            retry_after_s: None,
         }
     }
 
@@ -399,7 +409,10 @@ impl Context {
     async fn refused(&self, refused: Refused) -> Failure {
         self.finish_request(None, false, Usage::default(), None)
             .await;
-        let route = self.route(None, refused.reason.clone());
+        let mut route = self.route(None, refused.reason.clone());
+        if let edgeroute_core::Refusal::LocalBusy { .. } = refused.cause {
+            route.retry_after_s = Some(self.retry_after_s());
+        }
         Failure::Refused { refused, route }
     }
 
@@ -439,6 +452,9 @@ impl Context {
             Ok(completion) => completion,
             Err(failure) => {
                 self.account(&run, false, Usage::default()).await;
+                if let TargetFailure::Busy(_) = failure {
+                    route.retry_after_s = Some(self.retry_after_s());
+                }
                 return Err(Failure::Target { failure, route });
             }
         };

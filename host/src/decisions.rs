@@ -7,10 +7,8 @@
 
 use edgeroute_core::{Features, Outcome};
 use serde::{Deserialize, Serialize};
-use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
-use std::sync::Mutex;
 
 /// One line of the log.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -61,8 +59,10 @@ impl From<&Outcome> for Logged {
     }
 }
 
+/// Lines are written by a thread of their own: the request path only
+/// serialises, and a slow disk never holds up an async worker.
 pub struct DecisionLog {
-    file: Mutex<BufWriter<File>>,
+    lines: std::sync::mpsc::Sender<String>,
 }
 
 impl DecisionLog {
@@ -73,20 +73,35 @@ impl DecisionLog {
             .append(true)
             .open(path)
             .with_context(|| format!("cannot open the decision log {}", path.display()))?;
-        Ok(DecisionLog {
-            file: Mutex::new(BufWriter::new(file)),
-        })
+        let (lines, incoming) = std::sync::mpsc::channel::<String>();
+        std::thread::Builder::new()
+            .name("decision-log".into())
+            .spawn(move || {
+                let mut file = BufWriter::new(file);
+                while let Ok(first) = incoming.recv() {
+                    // A burst is written together, then flushed once, so a
+                    // reader sees whole lines soon after each request.
+                    let written = std::iter::once(first)
+                        .chain(incoming.try_iter())
+                        .try_for_each(|line| file.write_all(line.as_bytes()))
+                        .and_then(|()| file.flush());
+                    if let Err(error) = written {
+                        tracing::warn!("could not write the decision log: {error}");
+                    }
+                }
+            })
+            .context("cannot start the decision log's writer")?;
+        Ok(DecisionLog { lines })
     }
 
-    /// Append one line. A failed write is logged, never a failed request.
+    /// Queue one line. A failed write is logged, never a failed request.
     pub fn write(&self, line: &Line) {
-        let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
-        let written = serde_json::to_writer(&mut *file, line)
-            .map_err(std::io::Error::from)
-            .and_then(|()| file.write_all(b"\n"))
-            .and_then(|()| file.flush());
-        if let Err(error) = written {
-            tracing::warn!("could not write the decision log: {error}");
+        match serde_json::to_string(line) {
+            Ok(mut text) => {
+                text.push('\n');
+                let _ = self.lines.send(text);
+            }
+            Err(error) => tracing::warn!("could not encode a decision-log line: {error}"),
         }
     }
 }

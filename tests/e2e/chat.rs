@@ -158,12 +158,7 @@ fn assert_public_control_leaves(node: &Node, cloud: &FakeCloud) {
         &[("x-edgeroute-sensitivity", "public")],
     );
     assert_cloud_completion(&resp, "long public prompt (control)");
-    assert_eq!(
-        cloud.requests_mentioning(&canary).len(),
-        1,
-        "{}",
-        cloud.describe()
-    );
+    cloud.assert_received(&canary, 1);
 }
 
 /// Nothing mentioning any canary reached the cloud, and no chat request did.
@@ -340,12 +335,7 @@ fn upstream_flag_overrides_the_configured_base_url() {
     let canary = unique("canary-override");
     let resp = node.post_chat(chat(&long_prompt(&canary)), &[]);
     assert_cloud_completion(&resp, "long public prompt with --upstream");
-    assert_eq!(
-        cloud.requests_mentioning(&canary).len(),
-        1,
-        "{}",
-        cloud.describe()
-    );
+    cloud.assert_received(&canary, 1);
 }
 
 /// A cloud call that fails before any text costs nothing; a public request
@@ -427,11 +417,7 @@ fn sensitive_prompts_stay_local() {
 
     assert_public_control_leaves(&node, &cloud);
     for canary in &canaries {
-        assert!(
-            cloud.requests_mentioning(canary).is_empty(),
-            "{}",
-            cloud.describe()
-        );
+        cloud.assert_received(canary, 0);
     }
 }
 
@@ -490,18 +476,9 @@ fn restricted_prompt_fails_closed_when_local_model_is_unavailable() {
     let canary = unique("canary-public");
     let resp = node.post_chat(chat(&long_prompt(&canary)), &[]);
     assert_cloud_completion(&resp, "long public prompt while local is unavailable");
-    assert_eq!(
-        cloud.requests_mentioning(&canary).len(),
-        1,
-        "{}",
-        cloud.describe()
-    );
+    cloud.assert_received(&canary, 1);
     for canary in &canaries {
-        assert!(
-            cloud.requests_mentioning(canary).is_empty(),
-            "{}",
-            cloud.describe()
-        );
+        cloud.assert_received(canary, 0);
     }
 }
 
@@ -595,11 +572,7 @@ fn hostile_policy_cannot_leak(component: &str, expect_failure_reason: bool) {
     assert_eq!(health.status, 200, "{health:?}");
     assert!(node.is_running(), "{component}: the node died");
     for canary in &canaries {
-        assert!(
-            cloud.requests_mentioning(canary).is_empty(),
-            "{}",
-            cloud.describe()
-        );
+        cloud.assert_received(canary, 0);
     }
 }
 
@@ -840,12 +813,7 @@ fn full_local_queue_fails_closed_for_restricted_and_spills_public_to_cloud() {
     assert_cloud_completion(&resp, "short public prompt with a full local queue");
     let reason = resp.reason().unwrap_or_default();
     assert!(reason.contains("cloud fallback"), "reason: {reason}");
-    assert_eq!(
-        cloud.requests_mentioning(&public).len(),
-        1,
-        "{}",
-        cloud.describe()
-    );
+    cloud.assert_received(&public, 1);
 }
 
 #[test]

@@ -640,9 +640,16 @@ fn a_decision_log_from_a_real_node_replays() {
     // The node's folder goes with it: keep its config for the replay.
     let config = log.with_extension("toml");
     std::fs::copy(node.dir().join("edgeroute.toml"), &config).unwrap();
+    // The log is written off the request path: wait for its lines.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.lines().count() >= 4 || Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     drop(node);
-
-    let text = std::fs::read_to_string(&log).unwrap();
     assert_eq!(
         text.lines().count(),
         4,

@@ -221,12 +221,7 @@ fn the_cascade_escalates_unsure_public_answers_and_keeps_restricted_ones() {
         "{reason}"
     );
     assert!(resp.header("x-edgeroute-confidence").is_some(), "{resp:?}");
-    assert_eq!(
-        cloud.requests_mentioning(&canary).len(),
-        1,
-        "{}",
-        cloud.describe()
-    );
+    cloud.assert_received(&canary, 1);
     // Both legs are in the ledger: the local work and the cloud answer.
     let row = ledger_row(&node);
     assert_eq!(
@@ -251,12 +246,7 @@ fn the_cascade_escalates_unsure_public_answers_and_keeps_restricted_ones() {
     let stream = resp.stream();
     assert_eq!(stream.text, CLOUD_REPLY, "{resp:?}");
     assert!(stream.done_last, "{resp:?}");
-    assert_eq!(
-        cloud.requests_mentioning(&canary).len(),
-        1,
-        "{}",
-        cloud.describe()
-    );
+    cloud.assert_received(&canary, 1);
 
     // Restricted: judged the same, never escalated; the answer says so.
     let before = cloud.chat_requests().len();
@@ -285,11 +275,7 @@ fn the_cascade_escalates_unsure_public_answers_and_keeps_restricted_ones() {
             text.chars().any(char::is_alphanumeric) && text != CLOUD_REPLY,
             "{resp:?}"
         );
-        assert!(
-            cloud.requests_mentioning(&canary).is_empty(),
-            "{}",
-            cloud.describe()
-        );
+        cloud.assert_received(&canary, 0);
     }
     assert_eq!(cloud.chat_requests().len(), before, "{}", cloud.describe());
 }

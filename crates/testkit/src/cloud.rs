@@ -132,6 +132,19 @@ impl FakeCloud {
             .collect()
     }
 
+    /// Assert that exactly `times` requests mentioned `needle` (0: the
+    /// text never left the node), with everything recorded in the message.
+    #[track_caller]
+    pub fn assert_received(&self, needle: &str, times: usize) {
+        let got = self.requests_mentioning(needle).len();
+        assert_eq!(
+            got,
+            times,
+            "the cloud received {got} request(s) mentioning {needle}, expected {times}\n{}",
+            self.describe()
+        );
+    }
+
     /// A readable dump of what was recorded, for assertion messages.
     pub fn describe(&self) -> String {
         let requests = self.requests();

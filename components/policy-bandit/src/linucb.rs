@@ -5,12 +5,17 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Length of a context vector.
-pub const D: usize = 9;
+/// Length of a context vector: the cheap signals, then the projected
+/// prompt embedding.
+pub const D: usize = BASE + EMBEDDED;
+/// The cheap signals (`context` in lib.rs).
+pub const BASE: usize = 9;
+/// Dimensions the prompt embedding is projected to.
+pub const EMBEDDED: usize = 16;
 
 /// The state format's version: a snapshot of another layout is refused
 /// and the policy starts fresh.
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 
 #[derive(Clone, Serialize, Deserialize)]
 struct Arm {
@@ -139,13 +144,21 @@ impl Arms {
 mod tests {
     use super::*;
 
+    /// A context of the given leading values, the rest 0.
+    fn x(head: &[f64]) -> [f64; D] {
+        let mut x = [0.0; D];
+        x[..head.len()].copy_from_slice(head);
+        x[BASE] = 0.3 * head[1];
+        x
+    }
+
     #[test]
     fn the_inverse_stays_the_inverse() {
         let mut arms = Arms::new(1);
         let xs = [
-            [1.0, 0.5, 0.0, 1.0, 0.0, 0.2, 0.0, 1.0, 0.1],
-            [1.0, 0.9, 0.3, 0.0, 1.0, 0.0, 0.5, 0.0, 0.0],
-            [1.0, 0.1, 0.0, 0.0, 0.0, 0.9, 0.0, 1.0, 0.7],
+            x(&[1.0, 0.5, 0.0, 1.0, 0.0, 0.2, 0.0, 1.0, 0.1]),
+            x(&[1.0, 0.9, 0.3, 0.0, 1.0, 0.0, 0.5, 0.0, 0.0]),
+            x(&[1.0, 0.1, 0.0, 0.0, 0.0, 0.9, 0.0, 1.0, 0.7]),
         ];
         for x in &xs {
             arms.learn(0, x, 1.0);
@@ -173,7 +186,7 @@ mod tests {
     #[test]
     fn the_better_arm_scores_higher_and_uncertainty_shrinks() {
         let mut arms = Arms::new(2);
-        let x = [1.0, 0.5, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0];
+        let x = x(&[1.0, 0.5, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0]);
         let before = arms.scores(&x, 1.0);
         for _ in 0..50 {
             arms.learn(0, &x, 0.9);

@@ -42,7 +42,7 @@ wit_bindgen::generate!({
     path: "../../wit/routing-0.2",
 });
 
-use edgeroute::routing::types::{Cascade, Decision, Features, Outcome, Plan, Target};
+use edgeroute::routing::types::{Cascade, Decision, Features, Needs, Outcome, Plan, Target};
 use exports::edgeroute::routing::router::Guest;
 
 struct Config {
@@ -116,11 +116,12 @@ static SERVED_CLOUD: AtomicU64 = AtomicU64::new(0);
 struct Policy;
 
 impl Guest for Policy {
-    fn configure(params: Vec<(String, String)>) -> Result<(), String> {
+    fn configure(params: Vec<(String, String)>) -> Result<Needs, String> {
         // Parse everything before storing, so a bad config changes nothing.
         let config = Config::from_params(params)?;
         *CONFIG.lock().unwrap_or_else(|e| e.into_inner()) = Some(config);
-        Ok(())
+        // Thresholds on cheap signals only: the host computes no embedding.
+        Ok(Needs::empty())
     }
 
     fn route(features: Features) -> Decision {
@@ -203,7 +204,10 @@ fn decide(config: &Config, features: &Features) -> Decision {
     if n > t {
         return decision(
             local(),
-            format!("long prompt, {cached} tokens cached ({} new <= {t}): local", n - cached),
+            format!(
+                "long prompt, {cached} tokens cached ({} new <= {t}): local",
+                n - cached
+            ),
         );
     }
     let wait = features.local_wait_ms;

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 /// Serialisable so a node's decision log can hold them and a replay can
 /// give them to another policy (they never contain prompt text).
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Features {
     pub request_id: String,
@@ -41,6 +41,17 @@ pub struct Features {
     pub cloud_estimates: Vec<(String, Estimate)>,
     pub local_models: Vec<String>,
     pub cloud_upstreams: Vec<String>,
+    /// The last user message's sentence embedding (unit length), only when
+    /// the policy asked for it (`Needs::embedding`): it costs milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub embedding: Option<Vec<f32>>,
+}
+
+/// Signals that cost real work per request; the host computes them only
+/// for a policy that declared it needs them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Needs {
+    pub embedding: bool,
 }
 
 /// Statistics a policy may use as a cheap complexity signal. They count

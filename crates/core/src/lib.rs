@@ -24,7 +24,7 @@ pub use confidence::Confidence;
 pub use cost::{Prices, Usage};
 pub use decision::{Cascade, Choice, Decision, PolicyFailure};
 pub use estimate::{Estimate, Ewma, Speed};
-pub use features::{Features, TextStats};
+pub use features::{Features, Needs, TextStats};
 pub use guard::{NodeView, OnPolicyFailure, Placement, Rules};
 pub use outcome::Outcome;
 pub use refusal::{Refusal, Refused};

@@ -44,7 +44,7 @@ mod resp;
 pub use cloud::{FakeCloud, Recorded};
 pub use exclusive::{Exclusive, exclusive};
 pub use names::unique;
-pub use node::{Edgeroute, Node, NodeBuilder};
+pub use node::{EMBEDDING_NAME, Edgeroute, Node, NodeBuilder};
 pub use resp::{Resp, StreamSummary};
 
 /// The repository root (this crate lives in `<root>/crates/testkit`).

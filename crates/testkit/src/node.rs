@@ -19,6 +19,13 @@ const MODEL: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../../models/SmolLM2-135M-Instruct.Q4_1.gguf"
 );
+/// The sentence-embedding model `scripts/fetch-models.sh` converts.
+pub const EMBEDDING_MODEL: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../models/all-MiniLM-L6-v2.F16.gguf"
+);
+/// Its name in the test config (`/v1/embeddings`' `model`).
+pub const EMBEDDING_NAME: &str = "minilm";
 /// How long a node may take from spawn to its "listening" line (model load included).
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(120);
 /// The line `edgeroute up` prints on stdout once it accepts requests.
@@ -93,6 +100,7 @@ pub struct NodeBuilder {
     extra_args: Vec<String>,
     env: Vec<(String, String)>,
     policy_params: Vec<(String, String)>,
+    embedding: bool,
 }
 
 impl NodeBuilder {
@@ -112,7 +120,14 @@ impl NodeBuilder {
             extra_args: Vec::new(),
             env: Vec::new(),
             policy_params: Vec::new(),
+            embedding: true,
         }
+    }
+
+    /// Whether the node has the embedding model (default: yes).
+    pub fn embedding(mut self, on: bool) -> Self {
+        self.embedding = on;
+        self
     }
 
     /// Route with this policy component (`.wasm`) instead of the embedded default.
@@ -186,7 +201,7 @@ context_size = 2048
 name = "{LOCAL_MODEL}"
 path = {model_path}
 optional = {optional}
-[[cloud.upstreams]]
+{embedding}[[cloud.upstreams]]
 name = "{UPSTREAM}"
 base_url = {base_url}
 model = "{UPSTREAM_MODEL}"
@@ -210,6 +225,14 @@ max_body_bytes = 1048576
             max_queue = self.max_queue,
             model_path = toml_string(&self.model_path.display().to_string()),
             optional = self.model_optional,
+            embedding = if self.embedding {
+                format!(
+                    "[local.embedding]\nname = \"{EMBEDDING_NAME}\"\npath = {}\n",
+                    toml_string(EMBEDDING_MODEL)
+                )
+            } else {
+                String::new()
+            },
             base_url = toml_string(&self.upstream_url),
             component = toml_string(&component),
             deadline_ms = self.deadline_ms,
@@ -431,24 +454,29 @@ impl Node {
     /// `POST /v1/chat/completions` with a JSON body and extra headers.
     /// 4xx/5xx are returned, not raised; a transport failure panics.
     pub fn post_chat(&self, body: Value, headers: &[(&str, &str)]) -> Resp {
-        self.try_post_chat(body, headers).unwrap_or_else(|e| {
-            panic!(
-                "POST /v1/chat/completions failed: {e}\n--- node output ---\n{}",
-                self.logs()
-            )
-        })
+        self.post_json("/v1/chat/completions", body, headers)
     }
 
-    fn try_post_chat(&self, body: Value, headers: &[(&str, &str)]) -> Result<Resp, ureq::Error> {
+    /// `POST path` with a JSON body and extra headers (`/v1/embeddings`,
+    /// `/v1/feedback`, …); 4xx/5xx are returned, a transport failure panics.
+    pub fn post_json(&self, path: &str, body: Value, headers: &[(&str, &str)]) -> Resp {
         let mut request = self
             .agent
-            .post(format!("{}/v1/chat/completions", self.url()))
+            .post(format!("{}{path}", self.url()))
             .header("content-type", "application/json");
         for (name, value) in headers {
             request = request.header(*name, *value);
         }
         let bytes = serde_json::to_vec(&body).expect("serialize request body");
-        Resp::from_ureq(request.send(bytes)?)
+        request
+            .send(bytes)
+            .and_then(Resp::from_ureq)
+            .unwrap_or_else(|e| {
+                panic!(
+                    "POST {path} failed: {e}\n--- node output ---\n{}",
+                    self.logs()
+                )
+            })
     }
 
     /// `GET path` (e.g. `/healthz`, `/v1/models`).

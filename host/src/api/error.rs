@@ -45,6 +45,15 @@ impl ApiError {
         )
     }
 
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            "internal_error",
+            message,
+        )
+    }
+
     pub fn param(mut self, param: &'static str) -> Self {
         self.param = Some(param);
         self

@@ -4,6 +4,7 @@
 //! SSE or an OpenAI error envelope. No placement decision is made here.
 
 mod admin;
+mod embeddings;
 pub mod error;
 mod feedback;
 pub mod openai;
@@ -48,6 +49,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/healthz", get(healthz))
         .route("/ledger", get(ledger))
         .route("/v1/feedback", post(feedback::post))
+        .route("/v1/embeddings", post(embeddings::post))
         .merge(admin::routes())
         .method_not_allowed_fallback(|method: axum::http::Method| async move {
             ApiError::new(
@@ -112,6 +114,9 @@ async fn healthz(State(node): State<Arc<Node>>) -> Json<serde_json::Value> {
             .file_name()
             .map(|name| name.to_string_lossy().into_owned()),
         "policy_failures": node.policy.failures(),
+        // The costly signals the active policy asked for (`configure`).
+        "policy_needs": if node.policy.current().needs.embedding { vec!["embedding"] } else { vec![] },
+        "embedding_model": node.embedder.as_ref().map(|e| e.name.clone()),
         "local_models": node.local.model_names(),
         "local_queue_depth": node.local.queue_depth(),
         "local_running": node.local.running(),

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 /// llama.cpp's global state may be initialised once per process.
-fn backend() -> &'static LlamaBackend {
+pub(super) fn backend() -> &'static LlamaBackend {
     static BACKEND: OnceLock<LlamaBackend> = OnceLock::new();
     BACKEND.get_or_init(|| {
         let mut backend = LlamaBackend::init().expect("llama.cpp backend initialises once");

@@ -2,10 +2,12 @@
 //! exposed by name through wasmtime-wasi-nn's backend traits.
 
 mod backend;
+pub mod embed;
 pub mod engine;
 pub mod prefix;
 
 pub use backend::{GgmlBackend, ModelRegistry};
+pub use embed::{Embedder, Embedding};
 pub use engine::{Finish, Generation, LoadedModel, RuntimeParams, Sampling};
 
 use edgeroute_core::Confidence;

@@ -4,7 +4,7 @@
 //! version lacks is not shown to it; one it cannot express is written in
 //! its closest form (0.1's `served-by` is text).
 
-use edgeroute_core::{Choice, Decision, Features, Outcome, Sensitivity, Target};
+use edgeroute_core::{Choice, Decision, Features, Needs, Outcome, Sensitivity, Target};
 
 /// `edgeroute:routing@0.1.0`.
 pub mod v1 {
@@ -85,6 +85,12 @@ pub mod v2 {
         }
     }
 
+    pub fn needs(needs: wit::Needs) -> Needs {
+        Needs {
+            embedding: needs.contains(wit::Needs::EMBEDDING),
+        }
+    }
+
     fn target_from(target: wit::Target) -> Target {
         match target {
             wit::Target::Local(name) => Target::Local(name),
@@ -126,6 +132,7 @@ pub mod v2 {
                 .collect(),
             local_models: f.local_models.clone(),
             cloud_upstreams: f.cloud_upstreams.clone(),
+            embedding: f.embedding.clone(),
         }
     }
 

@@ -11,7 +11,7 @@ use crate::runtime::roles::policy::PolicyState;
 use crate::runtime::roles::{self, Role};
 use crate::runtime::{self, EPOCH_TICK};
 use anyhow::Context;
-use edgeroute_core::{Decision, Features, Outcome, PolicyFailure};
+use edgeroute_core::{Decision, Features, Needs, Outcome, PolicyFailure};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -105,6 +105,8 @@ struct Live {
     /// Present when the component exports the `stateful-policy` additions.
     snapshot: Option<SnapshotFn>,
     restore: Option<RestoreFn>,
+    /// What its `configure` said it needs (0.1: nothing).
+    needs: Needs,
 }
 
 /// One loaded policy component.
@@ -118,6 +120,8 @@ pub struct PolicyVersion {
     /// Time to compile, check and configure it (and, once admitted, probe).
     pub load_ms: f64,
     pub stateful: bool,
+    /// The costly signals it asked for; the pipeline computes only these.
+    pub needs: Needs,
     /// The `edgeroute:routing` version of its world (`0.1`, `0.2`).
     pub world: &'static str,
     pub calls: AtomicU64,
@@ -176,6 +180,7 @@ impl PolicyVersion {
             size_bytes,
             load_ms: 0.0,
             stateful: false,
+            needs: Needs::default(),
             world: pre.version(),
             calls: AtomicU64::new(0),
             failures: AtomicU64::new(0),
@@ -191,6 +196,7 @@ impl PolicyVersion {
             .map_err(anyhow::Error::from)
             .with_context(|| format!("policy {} failed to start", version.source))?;
         version.stateful = live.snapshot.is_some() && live.restore.is_some();
+        version.needs = live.needs;
         *version.live.get_mut() = Some(live);
         version.load_ms = started.elapsed().as_secs_f64() * 1e3;
         Ok(Arc::new(version))
@@ -250,15 +256,22 @@ impl PolicyVersion {
         };
         store.set_epoch_deadline(self.settings.start_ticks());
         let params = &self.settings.params;
-        match &policy {
-            Bound::V1(p) => p.call_configure(&mut store, params).await?,
-            Bound::V2(p) => {
-                p.edgeroute_routing_router()
-                    .call_configure(&mut store, params)
+        let refused =
+            |message: String| wasmtime::format_err!("configure refused the parameters: {message}");
+        let needs = match &policy {
+            Bound::V1(p) => {
+                p.call_configure(&mut store, params)
                     .await?
+                    .map_err(refused)?;
+                Needs::default()
             }
-        }
-        .map_err(|message| wasmtime::format_err!("configure refused the parameters: {message}"))?;
+            Bound::V2(p) => p
+                .edgeroute_routing_router()
+                .call_configure(&mut store, params)
+                .await?
+                .map(convert::v2::needs)
+                .map_err(refused)?,
+        };
         self.memory_bytes
             .store(store.data().limits.current(), Ordering::Relaxed);
         Ok(Live {
@@ -266,6 +279,7 @@ impl PolicyVersion {
             policy,
             snapshot,
             restore,
+            needs,
         })
     }
 

@@ -9,7 +9,7 @@
 
 use super::request::{Invalid, Prepared};
 use crate::config::GuardConfig;
-use crate::nn::CacheScope;
+use crate::nn::{CacheScope, Embedder};
 use crate::pii;
 use crate::targets::cloud::CloudTarget;
 use crate::targets::local::LocalTarget;
@@ -158,6 +158,8 @@ pub fn extract(
         cloud_estimates: Vec::new(),
         local_models: local.model_names(),
         cloud_upstreams: cloud.upstream_names(),
+        // Computed after extraction, only for a policy that asked.
+        embedding: None,
     };
     // The estimates scale with the request's size, so they come last.
     features.local_estimate = features
@@ -223,5 +225,24 @@ mod tests {
             Internal
         );
         assert_eq!(level(r#"{"sensitivity":7}"#, &[Some("public")]), Restricted);
+    }
+}
+
+/// The last user message's embedding, cut to `cut_to` tokens, for a
+/// policy that needs it. A failure leaves the feature out (the policy sees
+/// none, as on a node without an embedding model) rather than failing a
+/// request over a routing hint.
+pub fn embed_prompt(request: &Prepared, embedder: &Embedder, cut_to: u32) -> Option<Vec<f32>> {
+    let (_, text) = request
+        .messages
+        .iter()
+        .rev()
+        .find(|(role, text)| role == "user" && !text.trim().is_empty())?;
+    match embedder.embed(text, Some(cut_to)) {
+        Ok(e) => Some(e.vector),
+        Err(error) => {
+            tracing::warn!(%error, "prompt embedding failed; the policy gets none");
+            None
+        }
     }
 }

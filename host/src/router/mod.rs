@@ -151,16 +151,27 @@ pub async fn decide(
     check_model(node, &request.requested_model).map_err(Failure::Invalid)?;
     // Tokenizing a long prompt takes milliseconds of CPU: off the async
     // workers, so a large request cannot stall `/healthz` or other clients.
+    // The embedding costs milliseconds: only for a policy that asked.
+    let embed = node.policy.current().needs.embedding;
     let (request, extracted) = {
         let (node, signals) = (node.clone(), signals.clone());
         tokio::task::spawn_blocking(move || {
-            let extracted = features::extract(
+            let mut extracted = features::extract(
                 &request,
                 &signals,
                 &node.config.guard,
                 &node.local,
                 &node.cloud,
             );
+            if let (true, Ok(extracted), Some(embedder), Some(config)) = (
+                embed,
+                extracted.as_mut(),
+                &node.embedder,
+                &node.config.local.embedding,
+            ) {
+                extracted.features.embedding =
+                    features::embed_prompt(&request, embedder, config.feature_tokens);
+            }
             (request, extracted)
         })
         .await

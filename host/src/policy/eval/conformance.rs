@@ -203,10 +203,31 @@ fn random_features(rng: &mut XorShift, targets: &Targets) -> Features {
         local_models: rng.subset(&targets.local),
         cloud_upstreams: rng.subset(&targets.cloud),
         cached_prefix_tokens: 0,
+        // A policy gets an embedding only when it asked, but one that asked
+        // must cope with none (a node without the model) and odd sizes.
+        embedding: match rng.below(3) {
+            0 => None,
+            1 => Some(random_unit_vector(rng, 384)),
+            _ => {
+                let dims = rng.below(1025) as usize;
+                Some(random_unit_vector(rng, dims))
+            }
+        },
     };
     // The cache never holds more than the prompt.
     features.cached_prefix_tokens = rng.below(features.prompt_tokens as u64 + 1) as u32;
     features
+}
+
+fn random_unit_vector(rng: &mut XorShift, dims: usize) -> Vec<f32> {
+    let v: Vec<f32> = (0..dims)
+        .map(|_| rng.below(2001) as f32 / 1000.0 - 1.0)
+        .collect();
+    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    if norm == 0.0 {
+        return v;
+    }
+    v.into_iter().map(|x| x / norm).collect()
 }
 
 fn random_estimates(rng: &mut XorShift, upstreams: &[String]) -> Vec<(String, Estimate)> {

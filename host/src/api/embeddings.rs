@@ -1,0 +1,156 @@
+//! `POST /v1/embeddings`: the node's sentence-embedding model, in OpenAI's
+//! format, so an SDK's `embeddings.create` (and a Spin app's
+//! `llm::generate_embeddings`) work unchanged.
+//!
+//! Embeddings are always computed here: no input is sent anywhere, so a
+//! restricted text is as safe as a public one. `model` is `auto` or the
+//! configured embedding model's name. `input` is a string or a list of
+//! strings; token arrays are refused with a clear error (the node's
+//! tokenizer is the model's own). `encoding_format` `base64` (what the
+//! official Python SDK asks for) packs little-endian f32s, as OpenAI does.
+//! An input longer than the model's window is a 400, never silently cut.
+
+use super::error::ApiError;
+use crate::nn::embed::TooLong;
+use crate::node::Node;
+use crate::router::request;
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use base64::Engine as _;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::sync::Arc;
+
+/// Inputs one call may carry: each is embedded in turn under one lock, so
+/// a huge batch would hold the model for everyone else.
+pub const MAX_INPUTS: usize = 256;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EmbeddingsRequest {
+    model: String,
+    input: Value,
+    #[serde(default)]
+    encoding_format: Option<String>,
+    /// OpenAI lets some models shorten vectors; this one cannot, so any
+    /// other value than its own size is refused.
+    #[serde(default)]
+    dimensions: Option<u32>,
+    /// Accepted for compatibility; not used.
+    #[serde(default)]
+    #[allow(dead_code)]
+    user: Option<String>,
+}
+
+pub async fn post(State(node): State<Arc<Node>>, body: Bytes) -> Result<Json<Value>, ApiError> {
+    let req: EmbeddingsRequest = request::strict_json(&body)
+        .map_err(|invalid| invalid.message)
+        .and_then(|value| serde_json::from_value(value).map_err(|e| e.to_string()))
+        .map_err(|e| ApiError::bad_request(format!("invalid embeddings request: {e}")))?;
+    let Some(embedder) = node.embedder.clone() else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "model_not_found",
+            "this node has no embedding model ([local.embedding] in the config)",
+        )
+        .param("model"));
+    };
+    if req.model != "auto" && req.model != embedder.name {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "model_not_found",
+            format!(
+                "no embedding model '{}' on this node; use '{}' or 'auto'",
+                req.model, embedder.name
+            ),
+        )
+        .param("model"));
+    }
+    let base64 = match req.encoding_format.as_deref() {
+        None | Some("float") => false,
+        Some("base64") => true,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "encoding_format must be 'float' or 'base64', got '{other}'"
+            ))
+            .param("encoding_format"));
+        }
+    };
+    if let Some(d) = req.dimensions
+        && d as usize != embedder.dims()
+    {
+        return Err(ApiError::bad_request(format!(
+            "model '{}' makes {}-dimensional embeddings and cannot shorten them",
+            embedder.name,
+            embedder.dims()
+        ))
+        .param("dimensions"));
+    }
+    let inputs = texts(&req.input)?;
+    let model = embedder.name.clone();
+    let results = tokio::task::spawn_blocking(move || {
+        inputs
+            .iter()
+            .map(|text| embedder.embed(text, None))
+            .collect::<Result<Vec<_>, _>>()
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("embedding task failed: {e}")))?
+    .map_err(|e| match e.downcast_ref::<TooLong>() {
+        Some(too_long) => ApiError::bad_request(too_long.to_string()).param("input"),
+        None => ApiError::internal(e.to_string()),
+    })?;
+    let tokens: u32 = results.iter().map(|e| e.tokens).sum();
+    let data: Vec<Value> = results
+        .into_iter()
+        .enumerate()
+        .map(|(index, e)| {
+            let embedding = if base64 {
+                let bytes: Vec<u8> = e.vector.iter().flat_map(|x| x.to_le_bytes()).collect();
+                json!(base64::engine::general_purpose::STANDARD.encode(bytes))
+            } else {
+                json!(e.vector)
+            };
+            json!({ "object": "embedding", "index": index, "embedding": embedding })
+        })
+        .collect();
+    Ok(Json(json!({
+        "object": "list",
+        "data": data,
+        "model": model,
+        "usage": { "prompt_tokens": tokens, "total_tokens": tokens },
+    })))
+}
+
+/// The texts to embed: one string, or a non-empty list of strings.
+fn texts(input: &Value) -> Result<Vec<String>, ApiError> {
+    let bad = |message: String| Err(ApiError::bad_request(message).param("input"));
+    let list = match input {
+        Value::String(s) => return Ok(vec![s.clone()]),
+        Value::Array(items) => items,
+        _ => return bad("input must be a string or a list of strings".into()),
+    };
+    if list.is_empty() {
+        return bad("input must not be empty".into());
+    }
+    if list.len() > MAX_INPUTS {
+        return bad(format!(
+            "at most {MAX_INPUTS} inputs per request, got {}",
+            list.len()
+        ));
+    }
+    list.iter()
+        .map(|item| match item {
+            Value::String(s) if !s.is_empty() => Ok(s.clone()),
+            Value::String(_) => Err(ApiError::bad_request("an input string is empty").param("input")),
+            _ => Err(ApiError::bad_request(
+                "input must be strings: token arrays are not accepted (the node tokenizes with the model's own tokenizer)",
+            )
+            .param("input")),
+        })
+        .collect()
+}

@@ -6,6 +6,7 @@
 //! reuse against a simulated cloud (`upstream.rs`).
 
 mod chain;
+mod embedding;
 mod upstream;
 
 use crate::bindings::target::{ChatRequest, Message};
@@ -36,6 +37,10 @@ pub struct Options {
     /// Run only the agent chain.
     #[arg(long)]
     pub chain_only: bool,
+    /// A policy that asks for the prompt embedding (e.g. the bandit's
+    /// .wasm): its route call is timed on features with an embedding.
+    #[arg(long)]
+    pub embedding_policy: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub chain: chain::ChainOptions,
 }
@@ -360,6 +365,13 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
         "host overhead before inference (parse + features + policy + guard): p50 {:.1} µs, p99 {:.1} µs",
         overhead.p50, overhead.p99
     );
+    embedding::run(
+        &node,
+        &decide,
+        options.embedding_policy.as_deref(),
+        options.policy_calls,
+    )
+    .await?;
     println!();
     chain::run(&node, &name, &options.chain).await?;
     Ok(())

@@ -175,6 +175,25 @@ pub fn extract(
     })
 }
 
+/// The last user message's embedding, cut to `cut_to` tokens, for a
+/// policy that needs it. A failure leaves the feature out (the policy sees
+/// none, as on a node without an embedding model) rather than failing a
+/// request over a routing hint.
+pub fn embed_prompt(request: &Prepared, embedder: &Embedder, cut_to: u32) -> Option<Vec<f32>> {
+    let (_, text) = request
+        .messages
+        .iter()
+        .rev()
+        .find(|(role, text)| role == "user" && !text.trim().is_empty())?;
+    match embedder.embed(text, Some(cut_to)) {
+        Ok(e) => Some(e.vector),
+        Err(error) => {
+            tracing::warn!(%error, "prompt embedding failed; the policy gets none");
+            None
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -225,24 +244,5 @@ mod tests {
             Internal
         );
         assert_eq!(level(r#"{"sensitivity":7}"#, &[Some("public")]), Restricted);
-    }
-}
-
-/// The last user message's embedding, cut to `cut_to` tokens, for a
-/// policy that needs it. A failure leaves the feature out (the policy sees
-/// none, as on a node without an embedding model) rather than failing a
-/// request over a routing hint.
-pub fn embed_prompt(request: &Prepared, embedder: &Embedder, cut_to: u32) -> Option<Vec<f32>> {
-    let (_, text) = request
-        .messages
-        .iter()
-        .rev()
-        .find(|(role, text)| role == "user" && !text.trim().is_empty())?;
-    match embedder.embed(text, Some(cut_to)) {
-        Ok(e) => Some(e.vector),
-        Err(error) => {
-            tracing::warn!(%error, "prompt embedding failed; the policy gets none");
-            None
-        }
     }
 }

@@ -116,13 +116,17 @@ pub struct Prepared {
     pub facts: Facts,
 }
 
-/// `tokens` counts a chat's prompt tokens; `embed` gives a text's
-/// embedding when the candidate needs one.
+/// Counts a chat's prompt tokens (role, content pairs).
+pub type CountTokens<'a> = &'a dyn Fn(&[(String, String)]) -> u32;
+/// A text's embedding, None when it cannot be made.
+pub type Embed<'a> = &'a dyn Fn(&str) -> Option<Vec<f32>>;
+
+/// `embed` only when the candidate needs embeddings.
 pub fn prepare(
     examples: Vec<Example>,
     setting: &Setting,
-    tokens: &dyn Fn(&[(String, String)]) -> u32,
-    embed: Option<&dyn Fn(&str) -> Option<Vec<f32>>>,
+    tokens: CountTokens<'_>,
+    embed: Option<Embed<'_>>,
 ) -> Vec<Prepared> {
     examples
         .into_iter()

@@ -1,0 +1,130 @@
+//! The embedding signal's cost: the encoder per prompt size, the route
+//! call of a policy that uses the embedding, and proof that a policy that
+//! did not ask pays nothing (no embedding is computed for it).
+
+use super::Spread;
+use crate::node::Node;
+use crate::router::{Decided, Failure};
+use std::path::Path;
+use std::time::Instant;
+
+/// Embeddings timed per prompt size (after one warm-up).
+const RUNS: usize = 30;
+
+pub async fn run<F: Future<Output = Result<Decided, Failure>>>(
+    node: &Node,
+    decide: &impl Fn() -> F,
+    policy: Option<&Path>,
+    policy_calls: u32,
+) -> anyhow::Result<()> {
+    let Some(embedder) = node.embedder.clone() else {
+        println!("embedding: no [local.embedding] model configured; skipped");
+        return Ok(());
+    };
+    // The active (threshold) policy did not ask: requests compute none.
+    let before = embedder.embedded();
+    for _ in 0..100 {
+        let decided = decide()
+            .await
+            .map_err(|e| anyhow::anyhow!("the bench request was refused: {e:?}"))?;
+        std::hint::black_box(decided.placement());
+    }
+    println!(
+        "embedding ({}, {} thread(s)): {} computed for 100 requests under {} (needs: {})",
+        embedder.name,
+        node.config.local.threads,
+        embedder.embedded() - before,
+        node.policy.current().source,
+        if node.policy.current().needs.embedding {
+            "embedding"
+        } else {
+            "nothing"
+        },
+    );
+    let word = "routing ";
+    let mut per_size = Vec::new();
+    for tokens in [16u32, 32, 64, 128] {
+        // One word is one token here; [CLS] and [SEP] make up the rest.
+        let text = word.repeat(tokens as usize - 2);
+        let e = embedder.clone();
+        let timings = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+            let got = e.embed(&text, None)?;
+            anyhow::ensure!(
+                got.tokens == tokens,
+                "{} tokens, wanted {tokens}",
+                got.tokens
+            );
+            let mut timings = Vec::with_capacity(RUNS);
+            for _ in 0..RUNS {
+                let t = Instant::now();
+                std::hint::black_box(e.embed(&text, None)?);
+                timings.push(t.elapsed());
+            }
+            Ok(timings)
+        })
+        .await??;
+        let spread = Spread::of(timings);
+        per_size.push(format!(
+            "{tokens} tokens p50 {:.1} ms / p99 {:.1} ms",
+            spread.p50 / 1e3,
+            spread.p99 / 1e3
+        ));
+    }
+    println!("  encoder: {}", per_size.join("; "));
+
+    let Some(path) = policy else {
+        println!("  (--embedding-policy FILE also times a policy's route call with an embedding)");
+        return Ok(());
+    };
+    let bytes = std::fs::read(path)?;
+    let version = crate::policy::admit(
+        &crate::runtime::engine()?,
+        bytes,
+        path.display().to_string(),
+        &node.config.policy,
+    )
+    .await?;
+    let mut features = decide()
+        .await
+        .map_err(|e| anyhow::anyhow!("the bench request was refused: {e:?}"))?
+        .features()
+        .clone();
+    let plain = time_route(&version, &features, policy_calls).await;
+    features.embedding = Some(
+        embedder
+            .embed("Classify: the parcel arrived broken.", Some(128))?
+            .vector,
+    );
+    let with = time_route(&version, &features, policy_calls).await;
+    println!(
+        "  {} route: p50 {:.1} µs / p99 {:.1} µs with a {}-d embedding; without one p50 {:.1} / p99 {:.1} µs (ratio p99 {:.2})",
+        path.file_name().map_or_else(
+            || path.display().to_string(),
+            |n| n.to_string_lossy().into_owned()
+        ),
+        with.p50,
+        with.p99,
+        embedder.dims(),
+        plain.p50,
+        plain.p99,
+        with.p99 / plain.p99
+    );
+    Ok(())
+}
+
+async fn time_route(
+    version: &crate::policy::PolicyVersion,
+    features: &edgeroute_core::Features,
+    calls: u32,
+) -> Spread {
+    let mut timings = Vec::with_capacity(calls as usize);
+    for i in 0..calls {
+        // A fresh id per call, so an exploring policy's choices vary.
+        let mut f = features.clone();
+        f.request_id = format!("bench-{i}");
+        let t = Instant::now();
+        let _ = std::hint::black_box(version.route(&f).await);
+        timings.push(t.elapsed());
+    }
+    Spread::of(timings)
+}

@@ -207,8 +207,17 @@ pub struct GuardConfig {
     /// is a config error naming it: a typo must not let data leave.
     pub never_leave: Vec<Sensitivity>,
     /// Raise a request to `restricted` when the prompt looks like it holds
-    /// personal data.
+    /// personal data, secrets or confidential prose (`host/src/detect`).
     pub detect_pii: bool,
+    /// The operator's own detectors: a kind and a regex.
+    pub patterns: Vec<GuardPattern>,
+    /// Regexes of text known to be harmless (a public test card number,
+    /// the company's own support address); removed before detection.
+    pub allow: Vec<String>,
+    /// Confidential prose: one marking ("confidential") scores 1, a topic
+    /// word (salary, diagnosis, lawsuit, merger, …) 0.5; at this score or
+    /// more the request is restricted.
+    pub prose_threshold: f32,
 }
 
 impl Default for GuardConfig {
@@ -216,8 +225,19 @@ impl Default for GuardConfig {
         Self {
             never_leave: vec![Sensitivity::Restricted],
             detect_pii: true,
+            patterns: Vec::new(),
+            allow: Vec::new(),
+            prose_threshold: 1.0,
         }
     }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GuardPattern {
+    /// The kind reported (reason header, decision log), e.g. `employee-id`.
+    pub kind: String,
+    pub regex: String,
 }
 
 impl GuardConfig {

@@ -3,6 +3,7 @@
 
 use crate::config::Config;
 use crate::decisions::DecisionLog;
+use crate::detect::Detector;
 use crate::feedback::Recent;
 use crate::ledger::Ledger;
 use crate::nn::{Embedder, LoadedModel, RuntimeParams};
@@ -26,6 +27,8 @@ pub struct Node {
     pub cloud: CloudTarget,
     /// The sentence-embedding model, when one is configured and present.
     pub embedder: Option<Arc<Embedder>>,
+    /// Sensitive-data detection: the built-in rules and the operator's.
+    pub detector: Detector,
     pub ledger: Ledger,
     /// Outcomes of recent requests, for `POST /v1/feedback`.
     pub recent: Recent,
@@ -140,6 +143,7 @@ impl Node {
             local,
             cloud,
             embedder,
+            detector: Detector::new(&config.guard)?,
             ledger: Ledger::new(reference),
             recent: Recent::default(),
             decisions: match &config.node.decision_log {

@@ -838,3 +838,97 @@ fn control_tokens_typed_by_a_user_stay_text() {
     assert!(forged >= plain + 10, "{forged} vs {plain}");
     assert!(cloud.chat_requests().is_empty(), "{}", cloud.describe());
 }
+
+/// What people really paste — secrets in a config, a key block, a card
+/// split across turns in full-width digits, a Chinese ID, a confidential
+/// memo — stays on the node under a policy that sends everything out, and
+/// the reason names the kind found (never the value).
+#[test]
+fn what_people_paste_stays_local_and_the_reason_says_what_was_found() {
+    let cloud = FakeCloud::start();
+    let node = EDGEROUTE
+        .node(&cloud)
+        .policy_component(POLICY_ALWAYS_CLOUD)
+        .start();
+    let user = |text: String| json!({"role": "user", "content": text});
+    let cases: Vec<(&str, Vec<Value>)> = vec![
+        (
+            "api-key",
+            vec![user(format!(
+                "{} Why does this fail?\n```\naws_access_key_id = AKIAIOSFODNN7EXAMPLE\nregion = eu-west-1\n```",
+                unique("canary-aws")
+            ))],
+        ),
+        (
+            "private-key",
+            vec![user(format!(
+                "{} Is this key format right?\n-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----",
+                unique("canary-pem")
+            ))],
+        ),
+        (
+            "payment-card",
+            vec![
+                user(format!(
+                    "{} my card starts ４１１１ １１１１",
+                    unique("canary-split")
+                )),
+                json!({"role": "assistant", "content": "Go on."}),
+                user("and ends 1111\u{200B}1111".to_string()),
+            ],
+        ),
+        (
+            "cn-resident-id",
+            vec![user(format!(
+                "{} 我的身份证号是11010519491231002X，请帮我填表。",
+                unique("canary-cn")
+            ))],
+        ),
+        (
+            "confidential",
+            vec![user(format!(
+                "{} Internal only: the merger with Acme is unannounced; summarise the plan.",
+                unique("canary-memo")
+            ))],
+        ),
+    ];
+    let mut canaries = Vec::new();
+    for (kind, messages) in cases {
+        let canary = messages[0]["content"]
+            .as_str()
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap()
+            .to_string();
+        let resp = node.post_chat(
+            json!({"model": "auto", "messages": messages, "max_tokens": 4}),
+            &[],
+        );
+        assert_eq!(resp.status, 200, "{kind}: {resp:?}");
+        assert_eq!(
+            resp.target(),
+            Some(local_target().as_str()),
+            "{kind}: {resp:?}"
+        );
+        let reason = resp.reason().unwrap_or_default();
+        assert!(
+            reason.contains("detected: ") && reason.contains(kind),
+            "{kind}: {reason}"
+        );
+        assert!(
+            !reason.contains("AKIA") && !reason.contains("4111"),
+            "{reason}"
+        );
+        canaries.push(canary);
+    }
+    assert_nothing_left(&cloud, &canaries, "pasted secrets");
+    // The same policy does send a clean prompt out.
+    let canary = unique("canary-clean");
+    let resp = node.post_chat(
+        json!({"model": "auto", "max_tokens": 4, "messages": [{"role": "user", "content": format!("{canary} Suggest a name for a bakery.")}]}),
+        &[],
+    );
+    assert_cloud_completion(&resp, "clean prompt (control)");
+    cloud.assert_received(&canary, 1);
+}

@@ -6,6 +6,7 @@
 //! reuse against a simulated cloud (`upstream.rs`).
 
 mod chain;
+mod detection;
 mod embedding;
 mod upstream;
 
@@ -37,6 +38,12 @@ pub struct Options {
     /// Run only the agent chain.
     #[arg(long)]
     pub chain_only: bool,
+    /// Run only the detection benchmark.
+    #[arg(long)]
+    pub detection_only: bool,
+    /// The labelled detection set to score the detector on.
+    #[arg(long, default_value = "tests/detection/eval.jsonl")]
+    pub detection_set: std::path::PathBuf,
     /// A policy that asks for the prompt embedding (e.g. the bandit's
     /// .wasm): its route call is timed on features with an embedding.
     #[arg(long)]
@@ -178,6 +185,9 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
         .iter()
         .map(|(r, c)| (r.to_string(), c.to_string()))
         .collect();
+    if options.detection_only {
+        return detection::run(&node.detector, &options.detection_set);
+    }
     if options.chain_only {
         return chain::run(&node, &name, &options.chain).await;
     }
@@ -365,6 +375,7 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
         "host overhead before inference (parse + features + policy + guard): p50 {:.1} µs, p99 {:.1} µs",
         overhead.p50, overhead.p99
     );
+    detection::run(&node.detector, &options.detection_set)?;
     embedding::run(
         &node,
         &decide,

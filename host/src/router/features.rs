@@ -9,8 +9,8 @@
 
 use super::request::{Invalid, Prepared};
 use crate::config::GuardConfig;
+use crate::detect::Detector;
 use crate::nn::{CacheScope, Embedder};
-use crate::pii;
 use crate::targets::cloud::CloudTarget;
 use crate::targets::local::LocalTarget;
 use edgeroute_core::guard::Facts;
@@ -42,6 +42,7 @@ pub fn collect_sensitivity(
     request: &Prepared,
     signals: &Signals,
     guard: &GuardConfig,
+    detector: &Detector,
 ) -> SensitivitySet {
     let mut set = SensitivitySet::new();
     for value in &signals.sensitivity {
@@ -64,14 +65,14 @@ pub fn collect_sensitivity(
         set.add(Source::Body, level);
     }
     if guard.detect_pii {
-        let mut kinds: Vec<&'static str> = request
+        // Every message, and the metadata's text values (a client may put
+        // a customer's email in `metadata.user`).
+        let texts = request
             .messages
             .iter()
-            .flat_map(|(_, text)| pii::detect(text))
-            .collect();
-        kinds.sort_unstable();
-        kinds.dedup();
-        for kind in kinds {
+            .map(|(_, text)| text.as_str())
+            .chain(request.metadata.values().filter_map(|v| v.as_str()));
+        for kind in detector.scan(texts) {
             set.add(Source::Detected(kind), Sensitivity::Restricted);
         }
     }
@@ -118,10 +119,11 @@ pub fn extract(
     request: &Prepared,
     signals: &Signals,
     guard: &GuardConfig,
+    detector: &Detector,
     local: &LocalTarget,
     cloud: &CloudTarget,
 ) -> Result<Extracted, Invalid> {
-    let sensitivity = collect_sensitivity(request, signals, guard);
+    let sensitivity = collect_sensitivity(request, signals, guard, detector);
     let level = sensitivity.level();
     let facts = Facts {
         sensitivity: level,
@@ -212,7 +214,9 @@ mod tests {
             latency_budget_ms: None,
             session: None,
         };
-        collect_sensitivity(&request(metadata), &signals, &GuardConfig::default()).level()
+        let guard = GuardConfig::default();
+        let detector = Detector::new(&guard).unwrap();
+        collect_sensitivity(&request(metadata), &signals, &guard, &detector).level()
     }
 
     #[test]

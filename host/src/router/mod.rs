@@ -160,6 +160,7 @@ pub async fn decide(
                 &request,
                 &signals,
                 &node.config.guard,
+                &node.detector,
                 &node.local,
                 &node.cloud,
             );
@@ -380,6 +381,14 @@ impl Context {
     }
 
     fn route(&self, target: Option<Target>, reason: String) -> Route {
+        // What detection found (kinds, never the text), so a client sees
+        // why its request stayed.
+        let detected = &self.extracted.features.detected;
+        let reason = if detected.is_empty() {
+            reason
+        } else {
+            format!("{reason}; detected: {}", detected.join(", "))
+        };
         Route {
             target,
             reason,

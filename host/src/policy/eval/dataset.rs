@@ -26,7 +26,7 @@
 //! confidence reaches the minimum, else the cloud's, after both latencies.
 
 use super::curve::{Curve, Point};
-use crate::pii;
+use crate::detect::Detector;
 use crate::policy::PolicyVersion;
 use edgeroute_core::guard::{self, Facts, NodeView, OnPolicyFailure, Placement};
 use edgeroute_core::{Features, Outcome, Sensitivity, Target, TextStats, Usage};
@@ -106,7 +106,8 @@ pub struct Setting {
     pub local: String,
     pub cloud: String,
     pub never_leave: Vec<Sensitivity>,
-    pub detect_pii: bool,
+    /// None: `[guard] detect_pii = false`.
+    pub detector: Option<Detector>,
 }
 
 /// An example with the features a node would have computed for it.
@@ -140,16 +141,14 @@ pub fn prepare(
                 .metadata
                 .get("sensitivity")
                 .map_or(Sensitivity::Public, |l| Sensitivity::from_client_label(l));
-            let mut detected: Vec<String> = Vec::new();
-            if setting.detect_pii {
-                for (_, text) in &messages {
-                    detected.extend(pii::detect(text).into_iter().map(String::from));
-                }
-                detected.sort();
-                detected.dedup();
-                if !detected.is_empty() {
-                    sensitivity = sensitivity.max(Sensitivity::Restricted);
-                }
+            let detected: Vec<String> = setting.detector.as_ref().map_or(Vec::new(), |d| {
+                d.scan(messages.iter().map(|(_, t)| t.as_str()))
+                    .into_iter()
+                    .map(String::from)
+                    .collect()
+            });
+            if !detected.is_empty() {
+                sensitivity = sensitivity.max(Sensitivity::Restricted);
             }
             let may_leave = !setting.never_leave.contains(&sensitivity);
             let last_user = messages.iter().rev().find(|(r, _)| r == "user");
@@ -505,7 +504,7 @@ mod tests {
             local: "m".into(),
             cloud: "c".into(),
             never_leave: vec![Sensitivity::Restricted],
-            detect_pii: true,
+            detector: Some(Detector::new(&Default::default()).unwrap()),
         };
         let prepared = prepare(examples, &setting, &|_| 10, None);
         let b = baselines(&prepared);
@@ -530,7 +529,7 @@ mod tests {
             local: "m".into(),
             cloud: "c".into(),
             never_leave: vec![Sensitivity::Restricted],
-            detect_pii: true,
+            detector: Some(Detector::new(&Default::default()).unwrap()),
         };
         let prepared = prepare(vec![e], &setting, &|_| 10, None);
         assert!(!prepared[0].facts.may_leave);

@@ -102,7 +102,11 @@ pub async fn replay(
         local: local_config.name.clone(),
         cloud: upstream.name.clone(),
         never_leave: config.guard.never_leave.clone(),
-        detect_pii: config.guard.detect_pii,
+        detector: config
+            .guard
+            .detect_pii
+            .then(|| crate::detect::Detector::new(&config.guard))
+            .transpose()?,
     };
     let tokens = |m: &[(String, String)]| {
         model

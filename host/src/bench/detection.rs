@@ -1,0 +1,69 @@
+//! Detection on the labelled evaluation set: recall by kind, the share of
+//! sensitive prompts kept on the node, false positives on clean ones, and
+//! the time to scan a 4 KB prompt.
+
+use super::Spread;
+use crate::detect::{Detector, eval};
+use std::path::Path;
+use std::time::Instant;
+
+pub fn run(detector: &Detector, set: &Path) -> anyhow::Result<()> {
+    let Ok(text) = std::fs::read_to_string(set) else {
+        println!(
+            "detection: no evaluation set at {} (--detection-set); skipped",
+            set.display()
+        );
+        return Ok(());
+    };
+    let report = eval::evaluate(detector, &text)?;
+    println!(
+        "detection ({}): {} of {} sensitive prompts kept local (recall {:.3}); {} of {} clean prompts flagged (false positives {:.1} %)",
+        set.display(),
+        report.kept_local,
+        report.sensitive,
+        report.recall(),
+        report.false_positives,
+        report.clean,
+        report.false_positive_rate() * 100.0
+    );
+    let kinds: Vec<String> = report
+        .by_kind
+        .iter()
+        .map(|(kind, (n, found))| format!("{kind} {found}/{n}"))
+        .collect();
+    println!(
+        "  recall by kind (found as that kind): {}",
+        kinds.join(", ")
+    );
+    if !report.missed.is_empty() {
+        println!("  missed: {}", report.missed.join(", "));
+    }
+    if !report.flagged_clean.is_empty() {
+        let flagged: Vec<String> = report
+            .flagged_clean
+            .iter()
+            .map(|(id, kinds)| format!("{id} ({})", kinds.join(",")))
+            .collect();
+        println!("  flagged clean: {}", flagged.join(", "));
+    }
+    // A 4 KB prompt of ordinary prose with numbers in it, and one secret
+    // at its end: the whole text is scanned either way.
+    let filler = "The quarterly report lists 42 stores, 1,250 staff and revenue of 3.4 million across 12 regions; please summarise it in three bullet points. ";
+    let mut prompt = filler.repeat(4096 / filler.len() + 1);
+    prompt.truncate(4000);
+    prompt.push_str(" key AKIAIOSFODNN7EXAMPLE");
+    let mut timings = Vec::with_capacity(200);
+    for _ in 0..200 {
+        let t = Instant::now();
+        std::hint::black_box(detector.scan([prompt.as_str()]));
+        timings.push(t.elapsed());
+    }
+    let spread = Spread::of(timings);
+    println!(
+        "  scan of a {} byte prompt: p50 {:.0} µs, p99 {:.0} µs",
+        prompt.len(),
+        spread.p50,
+        spread.p99
+    );
+    Ok(())
+}

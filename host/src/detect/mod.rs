@@ -1,0 +1,158 @@
+//! What sensitive data a request holds, by kind (never the text): the
+//! structured identifiers and secrets of `rules` (confirmed by `validate`
+//! where a checksum or format rule exists), the operator's own patterns,
+//! and confidential prose (`prose`). Text is normalised first
+//! (`normalize`), every message is scanned on its own and all of them
+//! joined (a card number split across two turns is still one number), and
+//! the operator's allow-list removes what is known to be harmless.
+//!
+//! A false positive keeps a request on the node; a false negative could
+//! send it out. The evaluation set (`tests/detection/`) measures both.
+
+pub mod eval;
+mod normalize;
+mod prose;
+mod rules;
+mod validate;
+
+pub use normalize::normalize;
+
+use crate::config::GuardConfig;
+use regex::Regex;
+use rules::{CONTEXT_CHARS, Rule};
+use std::collections::BTreeSet;
+
+/// The kind prose detection reports.
+pub const CONFIDENTIAL: &str = "confidential";
+
+pub struct Detector {
+    rules: Vec<Rule>,
+    allow: Vec<Regex>,
+    prose_threshold: f32,
+}
+
+impl Detector {
+    /// The built-in rules plus `[guard] patterns`, minus `[guard] allow`.
+    pub fn new(guard: &GuardConfig) -> anyhow::Result<Self> {
+        let mut rules = rules::builtin();
+        for p in &guard.patterns {
+            let pattern = Regex::new(&p.regex)
+                .map_err(|e| anyhow::anyhow!("[guard] pattern '{}': {e}", p.kind))?;
+            // Operator kinds live as long as the node.
+            let kind: &'static str = Box::leak(p.kind.clone().into_boxed_str());
+            rules.push(Rule {
+                kind,
+                pattern,
+                check: None,
+                context: None,
+            });
+        }
+        let allow = guard
+            .allow
+            .iter()
+            .map(|a| Regex::new(a).map_err(|e| anyhow::anyhow!("[guard] allow '{a}': {e}")))
+            .collect::<anyhow::Result<_>>()?;
+        Ok(Self {
+            rules,
+            allow,
+            prose_threshold: guard.prose_threshold,
+        })
+    }
+
+    /// The kinds found in these texts (each alone, and all joined), sorted.
+    pub fn scan<'a>(&self, texts: impl IntoIterator<Item = &'a str>) -> Vec<&'static str> {
+        let texts: Vec<String> = texts.into_iter().map(|t| self.prepare(t)).collect();
+        let mut found = BTreeSet::new();
+        for text in &texts {
+            self.scan_one(text, &mut found);
+        }
+        if texts.len() > 1 {
+            // A value split across turns: joined with a space, which every
+            // number pattern takes as a separator.
+            let joined = texts.join(" ");
+            self.scan_one(&joined, &mut found);
+            // A card number typed in parts with words between them ("it
+            // starts 4111 1111", "and ends 1111 1111"): consecutive runs of
+            // digits across the texts, whatever is written around them.
+            if !found.contains("payment-card") && split_card(&texts) {
+                found.insert("payment-card");
+            }
+        }
+        found.into_iter().collect()
+    }
+
+    fn prepare(&self, text: &str) -> String {
+        let mut text = normalize(text);
+        for allow in &self.allow {
+            text = allow.replace_all(&text, " ").into_owned();
+        }
+        text
+    }
+
+    fn scan_one(&self, text: &str, found: &mut BTreeSet<&'static str>) {
+        for rule in &self.rules {
+            if found.contains(rule.kind) {
+                continue;
+            }
+            if rule.pattern.captures_iter(text).any(|c| {
+                let whole = c.get(0).expect("group 0");
+                let value = c.get(1).unwrap_or(whole);
+                rule.check.is_none_or(|check| check(value.as_str()))
+                    && rule
+                        .context
+                        .as_ref()
+                        .is_none_or(|words| words.is_match(before(text, value.start())))
+            }) {
+                found.insert(rule.kind);
+            }
+        }
+        if !found.contains(CONFIDENTIAL) && prose::score(text) >= self.prose_threshold {
+            found.insert(CONFIDENTIAL);
+        }
+    }
+}
+
+/// Runs of digits (with separators inside) in order across `texts`; true
+/// when some consecutive runs, together 13 to 19 digits, pass the Luhn
+/// check, and they come from more than one text (one text alone was
+/// scanned already).
+fn split_card(texts: &[String]) -> bool {
+    static RUN: std::sync::LazyLock<Regex> =
+        std::sync::LazyLock::new(|| Regex::new(r"\d(?:[ .\-]?\d)*").expect("digit runs"));
+    let runs: Vec<(usize, String)> = texts
+        .iter()
+        .enumerate()
+        .flat_map(|(i, t)| {
+            RUN.find_iter(t)
+                .map(move |m| (i, m.as_str().chars().filter(char::is_ascii_digit).collect()))
+        })
+        .collect();
+    (0..runs.len()).any(|start| {
+        let mut digits = String::new();
+        for (text, run) in &runs[start..] {
+            digits.push_str(run);
+            // Beyond 19 digits no longer run can be a card: linear overall.
+            if digits.len() > 19 {
+                return false;
+            }
+            if *text != runs[start].0 && digits.len() >= 13 && validate::luhn(&digits) {
+                return true;
+            }
+        }
+        false
+    })
+}
+
+/// Up to [`CONTEXT_CHARS`] characters before byte `at`.
+fn before(text: &str, at: usize) -> &str {
+    let head = &text[..at];
+    let start = head
+        .char_indices()
+        .rev()
+        .nth(CONTEXT_CHARS - 1)
+        .map_or(0, |(i, _)| i);
+    &head[start..]
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,182 @@
+//! Confidential prose: text with no identifier in it that still must not
+//! leave (a diagnosis, a salary, a lawsuit, an unannounced deal, a
+//! "confidential" marking). A weighted lexicon in several languages: a
+//! marking alone is enough (weight 1), a topic word counts half, and the
+//! text is confidential when the sum reaches `[guard] prose_threshold`
+//! (default 1: one marking, or two topic words).
+//!
+//! Why a lexicon and not a classifier on the embedding model: it costs
+//! microseconds on every request whatever the policy, where an embedding
+//! costs tens of milliseconds; its misses are listed by the evaluation
+//! set's recall for `confidential`.
+
+use regex::Regex;
+use std::sync::LazyLock;
+
+struct Term {
+    pattern: Regex,
+    weight: f32,
+}
+
+fn terms(weight: f32, words: &[&str]) -> Vec<Term> {
+    words
+        .iter()
+        .map(|w| Term {
+            // Word-bounded for Latin scripts; CJK has no spaces to bound.
+            pattern: Regex::new(&if w.is_ascii() {
+                format!(r"(?i)\b{w}\b")
+            } else {
+                format!("(?i){w}")
+            })
+            .unwrap_or_else(|e| panic!("prose term {w}: {e}")),
+            weight,
+        })
+        .collect()
+}
+
+static TERMS: LazyLock<Vec<Term>> = LazyLock::new(|| {
+    let mut all = terms(
+        1.0,
+        &[
+            "confidential",
+            "strictly private",
+            "internal only",
+            "internal use only",
+            "do not (?:share|distribute|forward)",
+            "not for distribution",
+            "under (?:an )?nda",
+            "attorney-client privileged?",
+            "privileged and confidential",
+            "vertraulich",
+            "streng geheim",
+            "nur für den internen gebrauch",
+            "confidentiel(?:le)?",
+            "usage interne",
+            "confidencial",
+            "uso interno",
+            "riservato",
+            "机密",
+            "保密",
+            "内部资料",
+            "仅限内部",
+            "社外秘",
+        ],
+    );
+    all.extend(terms(
+        0.5,
+        &[
+            // Health.
+            "diagnos(?:ed|is)",
+            "prescri(?:bed|ption)",
+            "chemotherapy",
+            "hiv",
+            "cancer",
+            "tumou?r",
+            "depression",
+            "anxiety disorder",
+            "bipolar",
+            "therapist",
+            "psychiatri(?:c|st)",
+            "blood test",
+            "biopsy",
+            "medical (?:record|history|condition)",
+            "pregnan(?:t|cy)",
+            "miscarriage",
+            "rehab",
+            "diagnose",
+            "krankheit",
+            "maladie",
+            "enfermedad",
+            "诊断",
+            "病历",
+            "确诊",
+            "抑郁",
+            // Money and employment.
+            "salary",
+            "salaries",
+            "compensation",
+            "pay (?:rise|raise|cut)",
+            "bonus",
+            "payroll",
+            "layoffs?",
+            "redundanc(?:y|ies)",
+            "severance",
+            "performance review",
+            "disciplinary",
+            "gehalt",
+            "salaire",
+            "sueldo",
+            "salario",
+            "工资",
+            "薪资",
+            "薪水",
+            "年薪",
+            "裁员",
+            // Legal.
+            "lawsuit",
+            "litigation",
+            "sued",
+            "settlement",
+            "subpoena",
+            "indictment",
+            "grievance",
+            "whistleblow(?:er|ing)",
+            "klage",
+            "procès",
+            "demanda",
+            "诉讼",
+            "起诉",
+            // Deals.
+            "merger",
+            "acquisition",
+            "acquire",
+            "takeover",
+            "term sheet",
+            "due diligence",
+            "unannounced",
+            "not yet public",
+            "before (?:the )?announcement",
+            "earnings (?:before|ahead)",
+            "insider",
+            "übernahme",
+            "fusion",
+            "adquisición",
+            "收购",
+            "并购",
+            "合并",
+        ],
+    ));
+    all
+});
+
+/// Phrases that look confidential but are not: a technology's name.
+static NOT_CONFIDENTIAL: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?i)confidential (?:computing|vms?|containers?|ai|inference)|cancer (?:research|awareness|society)")
+        .expect("allow phrases")
+});
+
+/// The text's confidentiality score (the sum of the weights found).
+pub fn score(text: &str) -> f32 {
+    let text = NOT_CONFIDENTIAL.replace_all(text, " ");
+    TERMS
+        .iter()
+        .filter(|t| t.pattern.is_match(&text))
+        .map(|t| t.weight)
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markings_count_whole_and_topics_half() {
+        assert!(score("CONFIDENTIAL: Q3 plan") >= 1.0);
+        assert!(score("This is vertraulich.") >= 1.0);
+        assert!(score("这份文件是机密") >= 1.0);
+        assert_eq!(score("I was diagnosed with diabetes"), 0.5);
+        assert!(score("My salary is 90k and I got a bonus") >= 1.0);
+        assert_eq!(score("What are the symptoms of flu?"), 0.0);
+        assert_eq!(score("Explain confidential computing on AMD SEV."), 0.0);
+    }
+}

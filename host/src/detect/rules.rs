@@ -1,0 +1,299 @@
+//! The rules, as data: a kind, a pattern, an optional check that confirms
+//! a match (a checksum or a format rule), and optional context words that
+//! must appear shortly before it (a passport number is any 6–9 letters
+//! and digits; after "passport" it is one).
+//!
+//! No maintained rule set fits: gitleaks' and detect-secrets' rules live
+//! in Go and Python code rather than in a package this build can read, and
+//! the Rust PII crates cover one region or none of the checksums. So the
+//! formats are written here from their public specifications (ISO 13616,
+//! ISO/IEC 7812, HMRC, GB 11643, UIDAI, the providers' documented key
+//! prefixes), each with a test.
+//!
+//! Digits may be separated by spaces, dots or dashes; boundaries are ASCII
+//! (a Chinese character next to a number is not a word character here,
+//! unlike in Unicode `\b`), so "身份证号11010519491231002X" is found.
+
+use super::validate as v;
+use regex::Regex;
+
+pub struct Rule {
+    pub kind: &'static str,
+    /// Group 1, when present, is the value the check reads.
+    pub pattern: Regex,
+    pub check: Option<fn(&str) -> bool>,
+    /// Must match within [`CONTEXT_CHARS`] before the value.
+    pub context: Option<Regex>,
+}
+
+/// How far before a value its context words may be.
+pub const CONTEXT_CHARS: usize = 48;
+
+/// Start and end of a value: not inside a longer run of ASCII letters or
+/// digits.
+const B: &str = r"(?:^|[^0-9A-Za-z])";
+const E: &str = r"(?:[^0-9A-Za-z]|$)";
+/// A separator allowed between the digits of a number.
+const S: &str = r"[ .\-]?";
+
+fn bounded(inner: &str) -> String {
+    format!("{B}({inner}){E}")
+}
+
+fn rule(kind: &'static str, pattern: &str, check: Option<fn(&str) -> bool>) -> Rule {
+    Rule {
+        kind,
+        pattern: Regex::new(pattern).unwrap_or_else(|e| panic!("rule {kind}: {e}")),
+        check,
+        context: None,
+    }
+}
+
+fn with_context(mut r: Rule, words: &str) -> Rule {
+    r.context = Some(Regex::new(&format!("(?i)(?:{words})")).expect("context words"));
+    r
+}
+
+/// Every built-in rule.
+pub fn builtin() -> Vec<Rule> {
+    let digits = |n: usize| format!(r"\d(?:{S}\d){{{}}}", n - 1);
+    vec![
+        // Structured identifiers.
+        rule(
+            "email",
+            r"(?i)\b[a-z0-9._%+-]+@[a-z0-9.-]+\.[a-z]{2,}\b",
+            None,
+        ),
+        rule(
+            "payment-card",
+            &bounded(&format!(r"\d(?:{S}\d){{12,18}}")),
+            Some(v::luhn),
+        ),
+        rule(
+            "iban",
+            &bounded(r"[A-Za-z]{2}\d{2}(?:[ .\-]?[A-Za-z0-9]){11,30}"),
+            Some(v::iban),
+        ),
+        rule(
+            "us-ssn",
+            &bounded(r"\d{3}[ .\-]\d{2}[ .\-]\d{4}"),
+            Some(v::ssn),
+        ),
+        with_context(
+            rule("us-ssn", &bounded(r"\d{9}"), Some(v::ssn)),
+            r"ssn|social security",
+        ),
+        rule(
+            "uk-nino",
+            &bounded(r"[A-Za-z]{2} ?\d{2} ?\d{2} ?\d{2} ?[A-Da-d]"),
+            Some(v::nino),
+        ),
+        with_context(
+            rule("nhs-number", &bounded(&digits(10)), Some(v::nhs)),
+            r"nhs|patient|health (?:service )?(?:number|no)|hospital",
+        ),
+        rule(
+            "cn-resident-id",
+            &bounded(r"\d{6}(?:18|19|20)\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])\d{3}[\dXx]"),
+            Some(v::cn_resident_id),
+        ),
+        rule(
+            "in-aadhaar",
+            &bounded(r"[2-9]\d{3}[ \-]?\d{4}[ \-]?\d{4}"),
+            Some(v::verhoeff),
+        ),
+        with_context(
+            rule(
+                "eu-vat",
+                &bounded(
+                    r"(?:ATU\d{8}|BE[01]\d{9}|DE\d{9}|DK\d{8}|FR[0-9A-Z]{2}\d{9}|IT\d{11}|ES[0-9A-Z]\d{7}[0-9A-Z]|NL\d{9}B\d{2}|PL\d{10}|SE\d{12}|IE\d{7}[A-Z]{1,2}|PT\d{9}|AT U\d{8}|FI\d{8}|GB\d{9})",
+                ),
+                None,
+            ),
+            r"vat|ust|mwst|tva|iva|btw|moms|nif|tax|steuer|增值税|税号",
+        ),
+        with_context(
+            rule(
+                "passport",
+                &bounded(r"[A-Za-z]{0,2}\d{6,9}|[A-Za-z]\d{7,8}"),
+                None,
+            ),
+            r"passport|reisepass|passeport|pasaporte|passaporto|护照|パスポート",
+        ),
+        with_context(
+            rule(
+                "bank-account",
+                &bounded(r"\d{2}-\d{2}-\d{2}|\d{6,12}"),
+                None,
+            ),
+            r"sort code|account (?:number|no)|acct|bank account|routing|kontonummer|numéro de compte|número de cuenta|账号|账户",
+        ),
+        with_context(
+            rule("bank-account", &bounded(r"\d{9}"), Some(v::aba)),
+            r"routing|aba|rtn",
+        ),
+        // Phones: international (+ and 8–15 digits), Chinese mobiles,
+        // North American, and national formats after a phone word.
+        rule(
+            "phone",
+            r"\+\d{1,3}[ .\-]?\(?\d{1,4}\)?(?:[ .\-]?\d{2,4}){2,4}\b",
+            Some(v::phone_digits),
+        ),
+        rule("phone", &bounded(r"1[3-9]\d{9}"), None),
+        rule(
+            "phone",
+            r"(?:\(\d{3}\)\s?|\b\d{3}[ .\-])\d{3}[ .\-]\d{4}\b",
+            None,
+        ),
+        with_context(
+            rule(
+                "phone",
+                &bounded(r"\(?0\d{1,4}\)?[ .\-/]?\d{2,4}[ .\-]?\d{2,4}(?:[ .\-]?\d{2,4})?"),
+                Some(v::phone_digits),
+            ),
+            r"phone|tel|call|mobile|cell|ring|telefon|téléphone|teléfono|handy|portable|móvil|电话|手机|联系",
+        ),
+        // Addresses: a house number and a street word, a UK postcode, a
+        // US state and ZIP, a German or French street, a Chinese one.
+        rule(
+            "postal-address",
+            r"(?i)\b\d{1,5}[a-z]?,?\s+(?:[a-z'.\-]+\s+){0,4}(?:street|st|avenue|ave|road|rd|lane|ln|boulevard|blvd|drive|dr|court|ct|way|place|pl|terrace|close|crescent|highway|hwy|square|sq)\b\.?",
+            None,
+        ),
+        rule(
+            "postal-address",
+            r"\b[A-Z]{1,2}\d[A-Z\d]? ?\d[A-Z]{2}\b",
+            Some(uk_postcode_shape),
+        ),
+        rule(
+            "postal-address",
+            r"\b[A-Z]{2},? \d{5}(?:-\d{4})?\b",
+            Some(us_state),
+        ),
+        rule(
+            "postal-address",
+            r"(?i)\b[a-zäöüß\-]+(?:straße|strasse|str\.|weg|platz|allee|gasse|ring|damm)\s+\d+[a-z]?\b",
+            None,
+        ),
+        rule(
+            "postal-address",
+            r"(?i)\b\d{1,4}(?: ?(?:bis|ter))?,?\s+(?:rue|avenue|av\.|boulevard|bd|place|chemin|allée|impasse|quai|calle|avenida|via|piazza)\s+\w",
+            None,
+        ),
+        rule(
+            "postal-address",
+            r"\p{Han}{2,}(?:路|街|道|巷|里)\d+号",
+            None,
+        ),
+        with_context(
+            rule(
+                "date-of-birth",
+                r"(?i)(?:\d{1,4}[./\-年]\s?\d{1,2}[./\-月]\s?\d{1,4}日?|\d{1,2}(?:st|nd|rd|th)?\s+(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec|janv|févr|mars|avr|mai|juin|juil|août|sept|déc|enero|febrero|marzo|abril|mayo|junio|julio|agosto|septiembre|octubre|noviembre|diciembre|januar|februar|märz|juni|juli|oktober|dezember)[a-zéû]*\.?,?\s+\d{4}|(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?\s+\d{1,2}(?:st|nd|rd|th)?,?\s+\d{4})",
+                None,
+            ),
+            r"born|birth|dob|d\.o\.b|birthday|geboren|geburt|né le|née le|naissance|nacimiento|nació|出生|生日|生于",
+        ),
+        rule(
+            "ip-address",
+            r"(?:^|[^0-9A-Za-z.])(\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3})(?:[^0-9A-Za-z.]|\.(?:\s|$)|$)",
+            Some(v::ipv4),
+        ),
+        rule(
+            "ip-address",
+            r"(?i)\b(?:[0-9a-f]{1,4}:){7}[0-9a-f]{1,4}\b|\b(?:[0-9a-f]{1,4}:){1,6}:(?:[0-9a-f]{1,4}:?){1,6}\b",
+            None,
+        ),
+        rule(
+            "mac-address",
+            r"(?i)\b[0-9a-f]{2}(?:[:\-][0-9a-f]{2}){5}\b",
+            None,
+        ),
+        // Secrets: the providers' documented key formats.
+        rule(
+            "api-key",
+            r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[0-9A-Z]{16}\b",
+            None,
+        ),
+        rule("api-key", r"\bgh[pousr]_[A-Za-z0-9]{30,255}\b", None),
+        rule("api-key", r"\bgithub_pat_[A-Za-z0-9_]{22,255}\b", None),
+        rule("api-key", r"\bglpat-[A-Za-z0-9_\-]{20,}\b", None),
+        rule("api-key", r"\bxox[abposr]-[A-Za-z0-9\-]{10,}\b", None),
+        rule(
+            "api-key",
+            r"\b(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}\b",
+            None,
+        ),
+        rule("api-key", r"\bsk-[A-Za-z0-9_\-]{20,}", None),
+        rule("api-key", r"\bAIza[0-9A-Za-z_\-]{35}\b", None),
+        rule("api-key", r"\b(?:SK|AC)[0-9a-fA-F]{32}\b", None),
+        rule(
+            "api-key",
+            r"\bSG\.[A-Za-z0-9_\-]{16,32}\.[A-Za-z0-9_\-]{16,64}\b",
+            None,
+        ),
+        rule("api-key", r"(?i)AccountKey=[A-Za-z0-9+/=]{40,}", None),
+        rule("api-key", r"\bnpm_[A-Za-z0-9]{36}\b", None),
+        rule("api-key", r"\bhf_[A-Za-z0-9]{30,}\b", None),
+        rule(
+            "private-key",
+            r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----",
+            None,
+        ),
+        rule(
+            "jwt",
+            r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}",
+            None,
+        ),
+        rule(
+            "password",
+            r"(?i)\b[a-z][a-z0-9+.\-]*://[^\s:/@]+:([^\s@/]{3,})@",
+            Some(not_placeholder),
+        ),
+        rule(
+            "password",
+            r#"(?i)(?:password|passwd|pwd|passwort|kennwort|mot de passe|contraseña|密码|口令)\s*["']?\s*[=:：]\s*["']?([^\s"',;]{4,})"#,
+            Some(not_placeholder),
+        ),
+        rule(
+            "secret",
+            r#"(?i)\b[a-z0-9_\-]*(?:secret|token|api_?key|apikey|access_?key|private_?key|auth_?key|credential)[a-z0-9_\-]*["']?\s*[=:]\s*["']?([A-Za-z0-9+/_\-.=]{16,})"#,
+            Some(v::high_entropy),
+        ),
+    ]
+}
+
+/// A UK postcode's outward code starts with a known letter and the inward
+/// code's letters avoid C, I, K, M, O, V.
+fn uk_postcode_shape(s: &str) -> bool {
+    let s: String = s.chars().filter(|c| !c.is_whitespace()).collect();
+    let inward = &s[s.len().saturating_sub(3)..];
+    !inward.chars().skip(1).any(|c| "CIKMOV".contains(c)) && !s.starts_with(['Q', 'V', 'X'])
+}
+
+/// Two capitals before a ZIP code are a US state (or DC, PR).
+fn us_state(s: &str) -> bool {
+    const STATES: &str = "AL AK AZ AR CA CO CT DE FL GA HI ID IL IN IA KS KY LA ME MD MA MI MN MS MO MT NE NV NH NJ NM NY NC ND OH OK OR PA RI SC SD TN TX UT VT VA WA WV WI WY DC PR";
+    STATES.split(' ').any(|state| s.starts_with(state))
+}
+
+/// "password: ****", "password = <your password>" and "password: string"
+/// are instructions, not secrets.
+fn not_placeholder(s: &str) -> bool {
+    let lower = s.to_lowercase();
+    !(s.chars()
+        .all(|c| c == '*' || c == 'x' || c == 'X' || c == '.')
+        || lower.starts_with('<')
+        || lower.starts_with('{')
+        || lower.starts_with('$')
+        || [
+            "string",
+            "password",
+            "your_password",
+            "null",
+            "none",
+            "changeme",
+            "example",
+            "required",
+        ]
+        .contains(&lower.as_str()))
+}

@@ -1,0 +1,259 @@
+use super::*;
+use crate::config::{GuardConfig, GuardPattern};
+
+fn detector() -> Detector {
+    Detector::new(&GuardConfig::default()).unwrap()
+}
+
+fn kinds(text: &str) -> Vec<&'static str> {
+    detector().scan([text])
+}
+
+#[track_caller]
+fn finds(kind: &str, texts: &[&str]) {
+    for text in texts {
+        assert!(
+            kinds(text).contains(&kind),
+            "{kind} not found in {text:?}: {:?}",
+            kinds(text)
+        );
+    }
+}
+
+#[track_caller]
+fn misses(kind: &str, texts: &[&str]) {
+    for text in texts {
+        assert!(
+            !kinds(text).contains(&kind),
+            "{kind} wrongly found in {text:?}"
+        );
+    }
+}
+
+#[test]
+fn email() {
+    finds(
+        "email",
+        &["write to jane.doe@example.com", "JANE@EXAMPLE.CO.UK"],
+    );
+    misses("email", &["the @ sign", "user@localhost"]);
+}
+
+#[test]
+fn payment_card() {
+    finds(
+        "payment-card",
+        &[
+            "card 4111 1111 1111 1111",
+            "4111.1111.1111.1111",
+            "卡号４１１１１１１１１１１１１１１１",
+            "4111\u{200B}1111 1111 1111",
+        ],
+    );
+    misses(
+        "payment-card",
+        &["order 1234 5678 9012 3456", "1111 1111 1111 1111"],
+    );
+}
+
+#[test]
+fn iban() {
+    finds(
+        "iban",
+        &[
+            "IBAN DE89 3704 0044 0532 0130 00",
+            "iban: gb82west12345698765432",
+        ],
+    );
+    misses("iban", &["DE88 3704 0044 0532 0130 00"]);
+}
+
+#[test]
+fn national_ids() {
+    finds(
+        "us-ssn",
+        &["SSN 123-45-6789", "my social security number is 123456789"],
+    );
+    misses("us-ssn", &["call 666-45-6789", "id 123456789"]);
+    finds("uk-nino", &["NI number AB 12 34 56 C", "ab123456c"]);
+    misses("uk-nino", &["code GB123456A"]);
+    finds(
+        "nhs-number",
+        &["NHS number 943 476 5919", "patient 9434765919"],
+    );
+    misses("nhs-number", &["invoice 943 476 5919"]);
+    finds("cn-resident-id", &["身份证号11010519491231002X"]);
+    misses("cn-resident-id", &["110105194912310021"]);
+    let valid = aadhaar();
+    finds("in-aadhaar", &[valid.as_str()]);
+    finds(
+        "eu-vat",
+        &["our VAT number is DE123456789", "USt-IdNr. DE123456789"],
+    );
+    misses("eu-vat", &["part DE123456789 in stock"]);
+    finds("passport", &["passport no. X1234567", "护照号码E12345678"]);
+    misses("passport", &["ticket X1234567"]);
+    finds(
+        "bank-account",
+        &["sort code 12-34-56, account number 12345678"],
+    );
+}
+
+/// A valid Aadhaar-shaped number: the one check digit that completes it.
+fn aadhaar() -> String {
+    (0..10)
+        .map(|d| format!("Aadhaar 2345 6789 012{d}"))
+        .find(|s| validate::verhoeff(s))
+        .unwrap()
+}
+
+#[test]
+fn phones() {
+    finds(
+        "phone",
+        &[
+            "call (555) 123-4567",
+            "+44 20 7946 0958",
+            "+49 30 901820",
+            "手机13812345678",
+            "Telefon: 030 901820",
+        ],
+    );
+    misses("phone", &["version 2.14.3", "the year 2024"]);
+}
+
+#[test]
+fn addresses_dates_and_network() {
+    finds(
+        "postal-address",
+        &[
+            "I live at 221B Baker Street",
+            "London NW1 6XE",
+            "Springfield, IL 62704",
+            "Hauptstraße 5",
+            "12 rue de la Paix",
+            "北京市朝阳区建国路88号",
+        ],
+    );
+    misses("postal-address", &["I have 3 cats"]);
+    finds(
+        "date-of-birth",
+        &[
+            "born on 4 July 1976",
+            "DOB: 1976-07-04",
+            "出生日期：1976年7月4日",
+        ],
+    );
+    misses("date-of-birth", &["the meeting on 1976-07-04"]);
+    finds(
+        "ip-address",
+        &["server at 192.168.1.20", "fe80::1ff:fe23:4567:890a"],
+    );
+    misses("ip-address", &["version 1.2.3", "pi is 3.14159"]);
+    finds("mac-address", &["mac 00:1A:2B:3C:4D:5E"]);
+}
+
+#[test]
+fn secrets() {
+    finds(
+        "api-key",
+        &[
+            "AKIAIOSFODNN7EXAMPLE",
+            "ghp_abcdefghijklmnopqrstuvwxyz0123456789",
+            "glpat-abcdefghij0123456789",
+            "xoxb-123456789012-abcdefghij",
+            "sk_live_abcdefghijklmnop1234",
+            "sk-proj-abcdefghijklmnopqrstuvwx",
+            "sk-ant-api03-abcdefghijklmnopqrstuv",
+            "AIzaSyA1234567890abcdefghijklmnopqrstuv",
+            "SG.abcdefghijklmnop.abcdefghijklmnopqrstuvwx",
+            "hf_abcdefghijklmnopqrstuvwxyz0123",
+        ],
+    );
+    misses("api-key", &["task-management", "sk-short"]);
+    finds("private-key", &["-----BEGIN RSA PRIVATE KEY-----\nMIIE..."]);
+    finds(
+        "jwt",
+        &[
+            "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+        ],
+    );
+    finds(
+        "password",
+        &[
+            "postgres://app:S3cr3t!pw@db:5432/prod",
+            "password = \"hunter22\"",
+            "Server=db;Pwd=Tr0ub4dor;",
+        ],
+    );
+    misses(
+        "password",
+        &[
+            "password: ****",
+            "enter your password = <password>",
+            "password_field_label",
+        ],
+    );
+    finds("secret", &["client_secret = \"9fK2mQ7xL1pZ8rT4vB6nW3yH\""]);
+    misses("secret", &["token_count = 1234567890123456"]);
+}
+
+#[test]
+fn confidential_prose() {
+    finds(
+        CONFIDENTIAL,
+        &[
+            "CONFIDENTIAL - do not forward",
+            "My salary is 90k and my bonus was cut",
+        ],
+    );
+    misses(
+        CONFIDENTIAL,
+        &[
+            "What are the symptoms of flu?",
+            "Explain confidential computing.",
+        ],
+    );
+}
+
+#[test]
+fn a_value_split_across_messages_is_found_joined() {
+    let d = detector();
+    assert!(
+        d.scan(["my card is 4111 1111", "1111 1111 thanks"])
+            .contains(&"payment-card")
+    );
+    assert!(d.scan(["my card is 4111 1111"]).is_empty());
+    // Words between the parts, and another number before them.
+    assert!(
+        d.scan([
+            "order 77, card starts 4111 1111",
+            "ok",
+            "and ends 1111 1111"
+        ])
+        .contains(&"payment-card")
+    );
+    assert!(d.scan(["I have 12 cats", "and 34 dogs"]).is_empty());
+}
+
+#[test]
+fn operator_patterns_and_allow_lists() {
+    let guard = GuardConfig {
+        patterns: vec![GuardPattern {
+            kind: "employee-id".into(),
+            regex: r"\bEMP-\d{6}\b".into(),
+        }],
+        allow: vec![r"4111 1111 1111 1111".into()],
+        ..GuardConfig::default()
+    };
+    let d = Detector::new(&guard).unwrap();
+    assert_eq!(d.scan(["ticket for EMP-123456"]), vec!["employee-id"]);
+    // The public test card is allowed; another valid card is not.
+    assert!(d.scan(["test card 4111 1111 1111 1111"]).is_empty());
+    assert_eq!(d.scan(["card 5555 5555 5555 4444"]), vec!["payment-card"]);
+    let bad = GuardConfig {
+        allow: vec!["(".into()],
+        ..GuardConfig::default()
+    };
+    assert!(Detector::new(&bad).is_err());
+}

@@ -1,0 +1,230 @@
+//! Checksums and format rules that confirm a candidate match, so a pattern
+//! that would fire on ordinary numbers only counts when the number really
+//! is an identifier of that kind. Every check reads digits and letters and
+//! ignores separators (spaces, dots, dashes).
+
+fn digits(s: &str) -> Vec<u32> {
+    s.chars().filter_map(|c| c.to_digit(10)).collect()
+}
+
+fn alnum_upper(s: &str) -> String {
+    s.chars()
+        .filter(char::is_ascii_alphanumeric)
+        .map(|c| c.to_ascii_uppercase())
+        .collect()
+}
+
+/// Payment cards (ISO/IEC 7812): 13–19 digits, Luhn, not one repeated digit.
+pub fn luhn(s: &str) -> bool {
+    let d = digits(s);
+    if !(13..=19).contains(&d.len()) || d.iter().all(|&x| x == d[0]) {
+        return false;
+    }
+    let sum: u32 = d
+        .iter()
+        .rev()
+        .enumerate()
+        .map(|(i, &x)| match (i % 2, x * 2) {
+            (1, y) if y > 9 => y - 9,
+            (1, y) => y,
+            _ => x,
+        })
+        .sum();
+    sum.is_multiple_of(10)
+}
+
+/// IBAN (ISO 13616): letters to numbers, the whole mod 97 is 1.
+pub fn iban(s: &str) -> bool {
+    let s = alnum_upper(s);
+    if !(15..=34).contains(&s.len()) || !s[..2].chars().all(|c| c.is_ascii_uppercase()) {
+        return false;
+    }
+    let rearranged = format!("{}{}", &s[4..], &s[..4]);
+    let mut rem = 0u64;
+    for c in rearranged.chars() {
+        let v = match c.to_digit(36) {
+            Some(v) => v as u64,
+            None => return false,
+        };
+        rem = if v < 10 {
+            (rem * 10 + v) % 97
+        } else {
+            (rem * 100 + v) % 97
+        };
+    }
+    rem == 1
+}
+
+/// US SSN: area not 000, 666 or 9xx; group not 00; serial not 0000.
+pub fn ssn(s: &str) -> bool {
+    let d = digits(s);
+    if d.len() != 9 {
+        return false;
+    }
+    let area = d[0] * 100 + d[1] * 10 + d[2];
+    area != 0 && area != 666 && area < 900 && (d[3], d[4]) != (0, 0) && d[5..] != [0, 0, 0, 0]
+}
+
+/// UK National Insurance number: the prefix rules of HMRC's format.
+pub fn nino(s: &str) -> bool {
+    let s = alnum_upper(s);
+    let b = s.as_bytes();
+    if b.len() != 9 {
+        return false;
+    }
+    let (first, second) = (b[0] as char, b[1] as char);
+    !"DFIQUV".contains(first)
+        && !"DFIOQUV".contains(second)
+        && !["BG", "GB", "NK", "KN", "TN", "NT", "ZZ"].contains(&&s[..2])
+        && "ABCD".contains(b[8] as char)
+}
+
+/// NHS number: 10 digits, mod-11 check digit (weights 10..2).
+pub fn nhs(s: &str) -> bool {
+    let d = digits(s);
+    if d.len() != 10 || d.iter().all(|&x| x == d[0]) {
+        return false;
+    }
+    let sum: u32 = d[..9].iter().zip((2..=10).rev()).map(|(x, w)| x * w).sum();
+    let check = (11 - sum % 11) % 11;
+    check != 10 && check == d[9]
+}
+
+/// Chinese resident identity number (GB 11643): ISO 7064 MOD 11-2.
+pub fn cn_resident_id(s: &str) -> bool {
+    let s = alnum_upper(s);
+    if s.len() != 18 {
+        return false;
+    }
+    const W: [u32; 17] = [7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2];
+    let mut sum = 0;
+    for (c, w) in s.chars().take(17).zip(W) {
+        match c.to_digit(10) {
+            Some(d) => sum += d * w,
+            None => return false,
+        }
+    }
+    let check = b"10X98765432"[(sum % 11) as usize] as char;
+    s.ends_with(check)
+}
+
+/// Aadhaar: 12 digits, first 2–9, Verhoeff check digit.
+pub fn verhoeff(s: &str) -> bool {
+    const D: [[u8; 10]; 10] = [
+        [0, 1, 2, 3, 4, 5, 6, 7, 8, 9],
+        [1, 2, 3, 4, 0, 6, 7, 8, 9, 5],
+        [2, 3, 4, 0, 1, 7, 8, 9, 5, 6],
+        [3, 4, 0, 1, 2, 8, 9, 5, 6, 7],
+        [4, 0, 1, 2, 3, 9, 5, 6, 7, 8],
+        [5, 9, 8, 7, 6, 0, 4, 3, 2, 1],
+        [6, 5, 9, 8, 7, 1, 0, 4, 3, 2],
+        [7, 6, 5, 9, 8, 2, 1, 0, 4, 3],
+        [8, 7, 6, 5, 9, 3, 2, 1, 0, 4],
+        [9, 8, 7, 6, 5, 4, 3, 2, 1, 0],
+    ];
+    const P: [[u8; 10]; 8] = [
+        [0, 1, 2, 3, 4, 5, 6, 7, 8, 9],
+        [1, 5, 7, 6, 2, 8, 3, 0, 9, 4],
+        [5, 8, 0, 3, 7, 9, 6, 1, 4, 2],
+        [8, 9, 1, 6, 0, 4, 3, 5, 2, 7],
+        [9, 4, 5, 3, 1, 2, 6, 8, 7, 0],
+        [4, 2, 8, 6, 5, 7, 3, 9, 0, 1],
+        [2, 7, 9, 3, 8, 0, 6, 4, 1, 5],
+        [7, 0, 4, 6, 9, 1, 3, 2, 5, 8],
+    ];
+    let d = digits(s);
+    if d.len() != 12 || d[0] < 2 {
+        return false;
+    }
+    let c = d.iter().rev().enumerate().fold(0u8, |c, (i, &x)| {
+        D[c as usize][P[i % 8][x as usize] as usize]
+    });
+    c == 0
+}
+
+/// US bank routing number (ABA): weights 3, 7, 1.
+pub fn aba(s: &str) -> bool {
+    let d = digits(s);
+    d.len() == 9
+        && d.chunks(3)
+            .map(|c| 3 * c[0] + 7 * c[1] + c[2])
+            .sum::<u32>()
+            .is_multiple_of(10)
+}
+
+/// IPv4: four octets up to 255, not all zero.
+pub fn ipv4(s: &str) -> bool {
+    let parts: Vec<&str> = s.split('.').collect();
+    parts.len() == 4
+        && parts.iter().all(|p| p.parse::<u8>().is_ok())
+        && parts.iter().any(|p| *p != "0")
+}
+
+/// An international phone number has 8 to 15 digits (E.164).
+pub fn phone_digits(s: &str) -> bool {
+    (8..=15).contains(&digits(s).len())
+}
+
+/// A value that looks random (a secret), not a word or a placeholder:
+/// enough length, several character classes, and Shannon entropy of at
+/// least 3.5 bits a character.
+pub fn high_entropy(s: &str) -> bool {
+    let s = s.trim_matches(|c| c == '"' || c == '\'');
+    if s.len() < 16 {
+        return false;
+    }
+    let classes = [
+        s.chars().any(|c| c.is_ascii_lowercase()),
+        s.chars().any(|c| c.is_ascii_uppercase()),
+        s.chars().any(|c| c.is_ascii_digit()),
+    ]
+    .iter()
+    .filter(|&&b| b)
+    .count();
+    let mut counts = std::collections::HashMap::new();
+    for c in s.chars() {
+        *counts.entry(c).or_insert(0u32) += 1;
+    }
+    let n = s.chars().count() as f64;
+    let entropy: f64 = counts
+        .values()
+        .map(|&k| {
+            let p = k as f64 / n;
+            -p * p.log2()
+        })
+        .sum();
+    classes >= 2 && entropy >= 3.5
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checksums_accept_valid_and_refuse_altered_values() {
+        assert!(luhn("4111 1111 1111 1111") && !luhn("4111 1111 1111 1112"));
+        assert!(iban("DE89 3704 0044 0532 0130 00") && !iban("DE88 3704 0044 0532 0130 00"));
+        assert!(iban("gb82west12345698765432"));
+        assert!(ssn("123-45-6789") && !ssn("666-45-6789") && !ssn("123-00-6789"));
+        assert!(nino("AB 12 34 56 C") && !nino("QQ123456C") && !nino("GB123456A"));
+        assert!(nhs("943 476 5919") && !nhs("943 476 5918"));
+        assert!(cn_resident_id("11010519491231002X") && !cn_resident_id("110105194912310021"));
+        assert!(
+            verhoeff("2345 6789 0124") || verhoeff("2345 6789 0120") || verhoeff("2345 6789 0127")
+        );
+        assert!(!verhoeff("1234 5678 9012"));
+        assert!(aba("021000021") && !aba("021000022"));
+        assert!(ipv4("192.168.1.20") && !ipv4("300.1.1.1") && !ipv4("0.0.0.0"));
+        assert!(high_entropy("wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"));
+        assert!(!high_entropy("my_password_here") && !high_entropy("aaaaaaaaaaaaaaaaaaaa"));
+    }
+
+    #[test]
+    fn some_valid_aadhaar_exists_among_check_digits() {
+        // Exactly one check digit completes a Verhoeff number.
+        let valid = (0..10)
+            .filter(|d| verhoeff(&format!("2345 6789 012{d}")))
+            .count();
+        assert_eq!(valid, 1);
+    }
+}

@@ -256,6 +256,13 @@ pub struct Limits {
     pub cloud_timeout_ms: u64,
     /// Largest policy component accepted by the admin API.
     pub max_component_bytes: usize,
+    /// Open client connections; beyond this new ones wait in the backlog.
+    pub max_connections: usize,
+    /// A connection whose request head is not complete in this time is
+    /// closed (a slow or idle client cannot hold it).
+    pub header_read_timeout_ms: u64,
+    /// On SIGTERM, requests in flight get this long to finish.
+    pub shutdown_grace_ms: u64,
 }
 
 impl Default for Limits {
@@ -265,6 +272,9 @@ impl Default for Limits {
             max_completion_tokens: 1024,
             cloud_timeout_ms: 60_000,
             max_component_bytes: 64 << 20,
+            max_connections: 1024,
+            header_read_timeout_ms: 10_000,
+            shutdown_grace_ms: 10_000,
         }
     }
 }

@@ -25,4 +25,5 @@ pub mod policy;
 pub mod reload;
 pub mod router;
 pub mod runtime;
+pub mod serve;
 pub mod targets;

@@ -1,10 +1,10 @@
 use anyhow::Context;
-use axum::serve::ListenerExt;
 use clap::{Parser, Subcommand};
 use edgeroute::config::Config;
 use edgeroute::node::Node;
 use std::io::Write;
 use std::path::PathBuf;
+use std::time::Duration;
 
 #[derive(Parser)]
 #[command(
@@ -130,15 +130,19 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 },
             );
             edgeroute::reload::spawn(&node);
-            // No Nagle: the first SSE chunk must not wait for a delayed ACK.
-            let listener = listener.tap_io(|tcp| {
-                if let Err(error) = tcp.set_nodelay(true) {
-                    tracing::debug!(%error, "could not set TCP_NODELAY");
-                }
-            });
-            axum::serve(listener, edgeroute::api::router(node.clone()))
-                .with_graceful_shutdown(shutdown())
-                .await?;
+            let limits = &node.config.limits;
+            let serve_limits = edgeroute::serve::ServeLimits {
+                max_connections: limits.max_connections,
+                header_read_timeout: Duration::from_millis(limits.header_read_timeout_ms),
+                shutdown_grace: Duration::from_millis(limits.shutdown_grace_ms),
+            };
+            edgeroute::serve::serve(
+                listener,
+                edgeroute::api::router(node.clone()),
+                serve_limits,
+                shutdown(),
+            )
+            .await?;
             node.policy.persist().await;
             Ok(())
         }
@@ -158,5 +162,4 @@ async fn shutdown() {
         _ = ctrl_c => {}
         _ = term.recv() => {}
     }
-    eprintln!("edgeroute: shutting down; finishing requests in flight");
 }

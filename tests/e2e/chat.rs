@@ -932,3 +932,62 @@ fn what_people_paste_stays_local_and_the_reason_says_what_was_found() {
     assert_cloud_completion(&resp, "clean prompt (control)");
     cloud.assert_received(&canary, 1);
 }
+
+/// Clients that never finish their request head are cut off, so they
+/// cannot hold every connection slot; a half-sent request cannot hold a
+/// shutdown past its deadline.
+#[test]
+fn slow_clients_cannot_hold_the_node_and_shutdown_has_a_deadline() {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::Duration;
+    let cloud = FakeCloud::start();
+    let mut node = EDGEROUTE
+        .node(&cloud)
+        .limit("max_connections", 4)
+        .limit("header_read_timeout_ms", 500)
+        .limit("shutdown_grace_ms", 1000)
+        .start();
+    // Twice as many slow clients as slots, each stuck inside its headers.
+    let slow: Vec<TcpStream> = (0..8)
+        .map(|_| {
+            let mut s = TcpStream::connect(node.addr()).unwrap();
+            s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+                .unwrap();
+            s
+        })
+        .collect();
+    // A real client still gets its answer once the slow ones time out.
+    assert_eq!(node.get("/healthz").status, 200);
+    // And a slow one was closed by the node (end of stream, or a reset).
+    let mut first = slow.into_iter().next().unwrap();
+    first
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut buf = [0u8; 256];
+    let read = first.read(&mut buf);
+    assert!(
+        matches!(read, Ok(0) | Err(_)) || String::from_utf8_lossy(&buf).contains("408"),
+        "the node should close a connection stuck in its headers: {read:?}"
+    );
+
+    // A request whose body never arrives, then SIGTERM.
+    let mut half = TcpStream::connect(node.addr()).unwrap();
+    half.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"model\":",
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let status = node.terminate(Duration::from_secs(15));
+    assert!(
+        status.is_some(),
+        "the node must exit after its 1 s shutdown deadline, not wait on the half-sent request"
+    );
+    assert!(status.unwrap().success(), "{status:?}\n{}", node.logs());
+    assert!(
+        node.logs().contains("shutdown deadline passed"),
+        "{}",
+        node.logs()
+    );
+    drop(half);
+}

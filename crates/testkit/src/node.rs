@@ -101,6 +101,7 @@ pub struct NodeBuilder {
     env: Vec<(String, String)>,
     policy_params: Vec<(String, String)>,
     embedding: bool,
+    limits: Vec<(String, u64)>,
 }
 
 impl NodeBuilder {
@@ -121,7 +122,14 @@ impl NodeBuilder {
             env: Vec::new(),
             policy_params: Vec::new(),
             embedding: true,
+            limits: Vec::new(),
         }
+    }
+
+    /// An extra `[limits]` entry (`shutdown_grace_ms`, `max_connections`, …).
+    pub fn limit(mut self, key: &str, value: u64) -> Self {
+        self.limits.push((key.into(), value));
+        self
     }
 
     /// Whether the node has the embedding model (default: yes).
@@ -221,7 +229,7 @@ never_leave = ["restricted"]
 detect_pii = true
 [limits]
 max_body_bytes = 1048576
-"#,
+{limits}"#,
             max_queue = self.max_queue,
             model_path = toml_string(&self.model_path.display().to_string()),
             optional = self.model_optional,
@@ -237,6 +245,11 @@ max_body_bytes = 1048576
             component = toml_string(&component),
             deadline_ms = self.deadline_ms,
             local_max_prompt_tokens = self.local_max_prompt_tokens,
+            limits = self
+                .limits
+                .iter()
+                .map(|(k, v)| format!("{k} = {v}\n"))
+                .collect::<String>(),
             policy_params = self
                 .policy_params
                 .iter()
@@ -447,6 +460,27 @@ impl Node {
     }
 
     /// Whether the process is still running.
+    /// Send SIGTERM (a graceful shutdown) and wait up to `within` for the
+    /// process to exit; its exit status, or None if it is still running.
+    pub fn terminate(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    /// The node's `host:port`, for raw sockets.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
     }

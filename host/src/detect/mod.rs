@@ -74,8 +74,8 @@ impl Detector {
             // A card number typed in parts with words between them ("it
             // starts 4111 1111", "and ends 1111 1111"): consecutive runs of
             // digits across the texts, whatever is written around them.
-            if !found.contains("payment-card") && split_card(&texts) {
-                found.insert("payment-card");
+            for kind in split_numbers(&texts, &joined) {
+                found.insert(kind);
             }
         }
         found.into_iter().collect()
@@ -94,15 +94,7 @@ impl Detector {
             if found.contains(rule.kind) {
                 continue;
             }
-            if rule.pattern.captures_iter(text).any(|c| {
-                let whole = c.get(0).expect("group 0");
-                let value = c.get(1).unwrap_or(whole);
-                rule.check.is_none_or(|check| check(value.as_str()))
-                    && rule
-                        .context
-                        .as_ref()
-                        .is_none_or(|words| words.is_match(before(text, value.start())))
-            }) {
+            if matches(rule, text) {
                 found.insert(rule.kind);
             }
         }
@@ -112,13 +104,19 @@ impl Detector {
     }
 }
 
-/// Runs of digits (with separators inside) in order across `texts`; true
-/// when some consecutive runs, together 13 to 19 digits, pass the Luhn
-/// check, and they come from more than one text (one text alone was
-/// scanned already).
-fn split_card(texts: &[String]) -> bool {
+/// Numbers typed in parts across turns, with words between them ("it
+/// starts 4111 1111", "and ends 1111 1111"): consecutive runs of digits
+/// from more than one text (one text alone was scanned already) that
+/// together make a card (13–19 digits, Luhn), an NHS number (10, mod 11)
+/// or an Aadhaar (12, Verhoeff) — the last two only when the conversation
+/// names them, as their checksums pass one number in ten.
+fn split_numbers(texts: &[String], joined: &str) -> Vec<&'static str> {
     static RUN: std::sync::LazyLock<Regex> =
         std::sync::LazyLock::new(|| Regex::new(r"\d(?:[ .\-]?\d)*").expect("digit runs"));
+    static NHS: std::sync::LazyLock<Regex> =
+        std::sync::LazyLock::new(|| Regex::new(r"(?i)nhs|patient").expect("nhs words"));
+    static AADHAAR: std::sync::LazyLock<Regex> =
+        std::sync::LazyLock::new(|| Regex::new(r"(?i)aadhaar|uidai|आधार").expect("aadhaar words"));
     let runs: Vec<(usize, String)> = texts
         .iter()
         .enumerate()
@@ -127,20 +125,62 @@ fn split_card(texts: &[String]) -> bool {
                 .map(move |m| (i, m.as_str().chars().filter(char::is_ascii_digit).collect()))
         })
         .collect();
-    (0..runs.len()).any(|start| {
+    let mut found = Vec::new();
+    for start in 0..runs.len() {
         let mut digits = String::new();
         for (text, run) in &runs[start..] {
             digits.push_str(run);
-            // Beyond 19 digits no longer run can be a card: linear overall.
+            // Beyond 19 digits no longer run can be one: linear overall.
             if digits.len() > 19 {
-                return false;
+                break;
             }
-            if *text != runs[start].0 && digits.len() >= 13 && validate::luhn(&digits) {
-                return true;
+            if *text == runs[start].0 {
+                continue;
+            }
+            match digits.len() {
+                13..=19 if validate::luhn(&digits) => found.push("payment-card"),
+                10 if validate::nhs(&digits) && NHS.is_match(joined) => found.push("nhs-number"),
+                12 if validate::verhoeff(&digits) && AADHAAR.is_match(joined) => {
+                    found.push("in-aadhaar")
+                }
+                _ => {}
             }
         }
-        false
-    })
+    }
+    found
+}
+
+/// Does `rule` confirm a value somewhere in `text`? Candidates may
+/// overlap: a match takes the character after its value as its end
+/// boundary, and that character is also the start boundary of the next
+/// value ("passport 125230735").
+fn matches(rule: &Rule, text: &str) -> bool {
+    let mut at = 0;
+    while at <= text.len() {
+        let Some(c) = rule.pattern.captures_at(text, at) else {
+            return false;
+        };
+        let whole = c.get(0).expect("group 0");
+        let value = c.get(1).unwrap_or(whole);
+        if rule.check.is_none_or(|check| check(value.as_str()))
+            && rule
+                .context
+                .as_ref()
+                .is_none_or(|words| words.is_match(before(text, value.start())))
+        {
+            return true;
+        }
+        // Not confirmed: try again one character after the value's start,
+        // so a value inside a longer false candidate is still seen ("ID
+        // DE577834810": the candidate "ID DE5778…" fails, "DE5778…" is
+        // next). Patterns are bounded, so this stays linear in practice.
+        at = value.start()
+            + text[value.start()..]
+                .chars()
+                .next()
+                .map_or(1, char::len_utf8);
+    }
+    false
 }
 
 /// Up to [`CONTEXT_CHARS`] characters before byte `at`.

@@ -94,7 +94,9 @@ pub fn builtin() -> Vec<Rule> {
         ),
         rule(
             "cn-resident-id",
-            &bounded(r"\d{6}(?:18|19|20)\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])\d{3}[\dXx]"),
+            &bounded(
+                r"\d{6} ?(?:18|19|20)\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01]) ?\d{3}[\dXx]",
+            ),
             Some(v::cn_resident_id),
         ),
         rule(
@@ -105,18 +107,16 @@ pub fn builtin() -> Vec<Rule> {
         with_context(
             rule(
                 "eu-vat",
-                &bounded(
-                    r"(?:ATU\d{8}|BE[01]\d{9}|DE\d{9}|DK\d{8}|FR[0-9A-Z]{2}\d{9}|IT\d{11}|ES[0-9A-Z]\d{7}[0-9A-Z]|NL\d{9}B\d{2}|PL\d{10}|SE\d{12}|IE\d{7}[A-Z]{1,2}|PT\d{9}|AT U\d{8}|FI\d{8}|GB\d{9})",
-                ),
-                None,
+                &bounded(r"[A-Z]{2} ?[0-9A-Z](?:[ .\-]?[0-9A-Z]){7,12}"),
+                Some(v::eu_vat),
             ),
             r"vat|ust|mwst|tva|iva|btw|moms|nif|tax|steuer|增值税|税号",
         ),
         with_context(
             rule(
                 "passport",
-                &bounded(r"[A-Za-z]{0,2}\d{6,9}|[A-Za-z]\d{7,8}"),
-                None,
+                &bounded(r"[A-Za-z0-9]{6,9}"),
+                Some(v::passport_shape),
             ),
             r"passport|reisepass|passeport|pasaporte|passaporto|护照|パスポート",
         ),
@@ -126,7 +126,7 @@ pub fn builtin() -> Vec<Rule> {
                 &bounded(r"\d{2}-\d{2}-\d{2}|\d{6,12}"),
                 None,
             ),
-            r"sort code|account (?:number|no)|acct|bank account|routing|kontonummer|numéro de compte|número de cuenta|账号|账户",
+            r"sort[ _\-]?code|account[ _\-]?(?:number|no)|acct|bank[ _\-]?account|routing|kontonummer|numéro de compte|número de cuenta|账号|账户",
         ),
         with_context(
             rule("bank-account", &bounded(r"\d{9}"), Some(v::aba)),
@@ -148,7 +148,7 @@ pub fn builtin() -> Vec<Rule> {
         with_context(
             rule(
                 "phone",
-                &bounded(r"\(?0\d{1,4}\)?[ .\-/]?\d{2,4}[ .\-]?\d{2,4}(?:[ .\-]?\d{2,4})?"),
+                &bounded(r"\(?\d{2,5}\)?[ .\-/]?\d{2,4}[ .\-]?\d{2,4}(?:[ .\-]?\d{2,4})?"),
                 Some(v::phone_digits),
             ),
             r"phone|tel|call|mobile|cell|ring|telefon|téléphone|teléfono|handy|portable|móvil|电话|手机|联系",
@@ -185,10 +185,15 @@ pub fn builtin() -> Vec<Rule> {
             r"\p{Han}{2,}(?:路|街|道|巷|里)\d+号",
             None,
         ),
+        rule(
+            "postal-address",
+            r"(?i)\b(?:calle|avenida|av\.|plaza|paseo|carrer|rua|via|viale|corso|piazza|rue|boulevard|chemin)\s+(?:[\p{L}.'\-]+\s+){0,5}\d{1,4}\b",
+            None,
+        ),
         with_context(
             rule(
                 "date-of-birth",
-                r"(?i)(?:\d{1,4}[./\-年]\s?\d{1,2}[./\-月]\s?\d{1,4}日?|\d{1,2}(?:st|nd|rd|th)?\s+(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec|janv|févr|mars|avr|mai|juin|juil|août|sept|déc|enero|febrero|marzo|abril|mayo|junio|julio|agosto|septiembre|octubre|noviembre|diciembre|januar|februar|märz|juni|juli|oktober|dezember)[a-zéû]*\.?,?\s+\d{4}|(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?\s+\d{1,2}(?:st|nd|rd|th)?,?\s+\d{4})",
+                r"(?i)(?:\d{1,4}[./\-年]\s?\d{1,2}[./\-月]\s?\d{1,4}日?|\d{1,2}\s+de\s+\p{L}+\s+de\s+\d{4}|\d{1,2}(?:st|nd|rd|th)?\s+(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec|janv|févr|mars|avr|mai|juin|juil|août|sept|déc|enero|febrero|marzo|abril|mayo|junio|julio|agosto|septiembre|octubre|noviembre|diciembre|januar|februar|märz|juni|juli|oktober|dezember)[a-zéû]*\.?,?\s+\d{4}|(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?\s+\d{1,2}(?:st|nd|rd|th)?,?\s+\d{4})",
                 None,
             ),
             r"born|birth|dob|d\.o\.b|birthday|geboren|geburt|né le|née le|naissance|nacimiento|nació|出生|生日|生于",
@@ -256,7 +261,7 @@ pub fn builtin() -> Vec<Rule> {
         ),
         rule(
             "secret",
-            r#"(?i)\b[a-z0-9_\-]*(?:secret|token|api_?key|apikey|access_?key|private_?key|auth_?key|credential)[a-z0-9_\-]*["']?\s*[=:]\s*["']?([A-Za-z0-9+/_\-.=]{16,})"#,
+            r#"(?i)\b[a-z0-9_\-]*(?:secret|token|api_?key|apikey|access_?key|private_?key|auth_?key|credential)[a-z0-9_\-]*["']?\s*[=:]\s*["']?([^\s"'`,;]{16,})"#,
             Some(v::high_entropy),
         ),
     ]

@@ -33,12 +33,90 @@ pub fn luhn(s: &str) -> bool {
     sum.is_multiple_of(10)
 }
 
-/// IBAN (ISO 13616): letters to numbers, the whole mod 97 is 1.
+/// IBAN lengths by country (the ISO 13616 registry), so a match that ran
+/// on into the next word ("… 4911 avant") is cut where the IBAN ends.
+const IBAN_LENGTHS: &[(&str, usize)] = &[
+    ("AD", 24),
+    ("AE", 23),
+    ("AT", 20),
+    ("AZ", 28),
+    ("BA", 20),
+    ("BE", 16),
+    ("BG", 22),
+    ("BH", 22),
+    ("BR", 29),
+    ("CH", 21),
+    ("CR", 22),
+    ("CY", 28),
+    ("CZ", 24),
+    ("DE", 22),
+    ("DK", 18),
+    ("DO", 28),
+    ("EE", 20),
+    ("EG", 29),
+    ("ES", 24),
+    ("FI", 18),
+    ("FO", 18),
+    ("FR", 27),
+    ("GB", 22),
+    ("GE", 22),
+    ("GI", 23),
+    ("GL", 18),
+    ("GR", 27),
+    ("GT", 28),
+    ("HR", 21),
+    ("HU", 28),
+    ("IE", 22),
+    ("IL", 23),
+    ("IS", 26),
+    ("IT", 27),
+    ("JO", 30),
+    ("KW", 30),
+    ("KZ", 20),
+    ("LB", 28),
+    ("LI", 21),
+    ("LT", 20),
+    ("LU", 20),
+    ("LV", 21),
+    ("MC", 27),
+    ("MD", 24),
+    ("ME", 22),
+    ("MK", 19),
+    ("MR", 27),
+    ("MT", 31),
+    ("MU", 30),
+    ("NL", 18),
+    ("NO", 15),
+    ("PK", 24),
+    ("PL", 28),
+    ("PS", 29),
+    ("PT", 25),
+    ("QA", 29),
+    ("RO", 24),
+    ("RS", 22),
+    ("SA", 24),
+    ("SE", 24),
+    ("SI", 19),
+    ("SK", 24),
+    ("SM", 27),
+    ("TN", 24),
+    ("TR", 26),
+    ("UA", 29),
+    ("VG", 24),
+    ("XK", 20),
+];
+
+/// IBAN (ISO 13616): the country's length, letters to numbers, the whole
+/// mod 97 is 1.
 pub fn iban(s: &str) -> bool {
     let s = alnum_upper(s);
-    if !(15..=34).contains(&s.len()) || !s[..2].chars().all(|c| c.is_ascii_uppercase()) {
+    let Some(&(_, len)) = IBAN_LENGTHS.iter().find(|(c, _)| s.starts_with(c)) else {
+        return false;
+    };
+    if s.len() < len {
         return false;
     }
+    let s = &s[..len];
     let rearranged = format!("{}{}", &s[4..], &s[..4]);
     let mut rem = 0u64;
     for c in rearranged.chars() {
@@ -157,7 +235,24 @@ pub fn ipv4(s: &str) -> bool {
     let parts: Vec<&str> = s.split('.').collect();
     parts.len() == 4
         && parts.iter().all(|p| p.parse::<u8>().is_ok())
-        && parts.iter().any(|p| *p != "0")
+        && !parts
+            .iter()
+            .all(|p| ["0", "128", "192", "224", "240", "248", "252", "254", "255"].contains(p))
+}
+
+/// EU VAT numbers by country format, separators ignored.
+pub fn eu_vat(s: &str) -> bool {
+    static FORMATS: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r"^(?:ATU\d{8}|BE[01]\d{9}|DE\d{9}|DK\d{8}|FR[0-9A-Z]{2}\d{9}|IT\d{11}|ES[0-9A-Z]\d{7}[0-9A-Z]|NL\d{9}B\d{2}|PL\d{10}|SE\d{12}|IE\d{7}[A-Z]{1,2}|PT\d{9}|FI\d{8}|GB\d{9}|LU\d{8}|CZ\d{8,10}|EL\d{9}|HU\d{8}|RO\d{2,10}|SK\d{10}|SI\d{8}|HR\d{11}|BG\d{9,10}|LT\d{9,12}|LV\d{11}|EE\d{9}|MT\d{8}|CY\d{8}[A-Z])$")
+            .expect("VAT formats")
+    });
+    FORMATS.is_match(&alnum_upper(s))
+}
+
+/// A passport number: 6 to 9 letters and digits with at least two digits
+/// (so the word after "passport" is not taken for one).
+pub fn passport_shape(s: &str) -> bool {
+    (6..=9).contains(&s.len()) && s.chars().filter(char::is_ascii_digit).count() >= 2
 }
 
 /// An international phone number has 8 to 15 digits (E.164).

@@ -1,5 +1,6 @@
 //! The decision log: one JSON line per finished request — the features a
-//! policy saw (never the prompt text), the decision and its propensity, the
+//! policy saw (never the prompt text, nor its embedding: a replay of a
+//! policy that uses the embedding sees none), the decision and its propensity, the
 //! policy version, and the outcome — and one line per feedback. It is what
 //! `edgeroute policy replay` evaluates a candidate policy on, off-policy,
 //! before anyone swaps it in. Off unless `[node] decision_log` (or

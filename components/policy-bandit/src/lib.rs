@@ -464,11 +464,11 @@ mod tests {
         }
         // Exploration (20 %) picks some other plan now and then.
         let mut stays = [0usize; 2];
-        for kind in 0..2 {
+        for (kind, stayed) in stays.iter_mut().enumerate() {
             for i in 0..40u64 {
                 let mut f = features(&format!("held{kind}-{i}"), 30);
                 f.embedding = Some(embedding(kind, 10_000 + i));
-                stays[kind] += (plan_of(&b.decide(&f)) != "cloud") as usize;
+                *stayed += (plan_of(&b.decide(&f)) != "cloud") as usize;
             }
         }
         assert!(

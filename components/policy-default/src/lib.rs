@@ -286,6 +286,7 @@ mod tests {
             cloud_estimates: Vec::new(),
             local_models: vec!["smollm2".into()],
             cloud_upstreams: vec!["frontier".into()],
+            embedding: None,
         }
     }
 

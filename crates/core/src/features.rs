@@ -43,6 +43,7 @@ pub struct Features {
     pub cloud_upstreams: Vec<String>,
     /// The last user message's sentence embedding (unit length), only when
     /// the policy asked for it (`Needs::embedding`): it costs milliseconds.
+    /// Never written to the decision log (it stands for the text).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub embedding: Option<Vec<f32>>,
 }

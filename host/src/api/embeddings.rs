@@ -15,7 +15,7 @@ use crate::nn::embed::TooLong;
 use crate::node::Node;
 use crate::router::request;
 use axum::Json;
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::StatusCode;
 use base64::Engine as _;
@@ -23,9 +23,11 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use std::sync::Arc;
 
-/// Inputs one call may carry: each is embedded in turn under one lock, so
-/// a huge batch would hold the model for everyone else.
+/// Inputs one call may carry: each is embedded in turn on the one encoder
+/// context, so a huge batch would hold the model for everyone else.
 pub const MAX_INPUTS: usize = 256;
+/// Text one call may carry in all, in bytes (~64 full windows).
+pub const MAX_TOTAL_BYTES: usize = 128 * 1024;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -44,7 +46,8 @@ struct EmbeddingsRequest {
     user: Option<String>,
 }
 
-pub async fn post(State(node): State<Arc<Node>>, body: Bytes) -> Result<Json<Value>, ApiError> {
+pub async fn post(State(node): State<Arc<Node>>, body: Body) -> Result<Json<Value>, ApiError> {
+    let body = super::read_body(body, node.config.limits.max_body_bytes).await?;
     let req: EmbeddingsRequest = request::strict_json(&body)
         .map_err(|invalid| invalid.message)
         .and_then(|value| serde_json::from_value(value).map_err(|e| e.to_string()))
@@ -91,6 +94,16 @@ pub async fn post(State(node): State<Arc<Node>>, body: Bytes) -> Result<Json<Val
         .param("dimensions"));
     }
     let inputs = texts(&req.input)?;
+    // Each input is at most the model's window; together, at most this many
+    // windows' worth of text, so one request cannot hold the model for
+    // minutes.
+    let total: usize = inputs.iter().map(String::len).sum();
+    if total > MAX_TOTAL_BYTES {
+        return Err(ApiError::bad_request(format!(
+            "the inputs hold {total} bytes; at most {MAX_TOTAL_BYTES} per request"
+        ))
+        .param("input"));
+    }
     let model = embedder.name.clone();
     let results = tokio::task::spawn_blocking(move || {
         inputs

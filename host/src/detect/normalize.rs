@@ -18,11 +18,32 @@ fn invisible(c: char) -> bool {
             | '\u{202A}'..='\u{202E}' // bidi embeddings
             | '\u{2060}'..='\u{2064}' // word joiner, invisible operators
             | '\u{FEFF}'        // zero-width no-break space
+            | '\u{061C}'        // Arabic letter mark
+            | '\u{2066}'..='\u{2069}' // bidi isolates
+            | '\u{E0000}'..='\u{E007F}' // tag characters
     )
 }
 
+/// The zero of each decimal digit script a number may be typed in besides
+/// ASCII (full-width digits are folded by NFKC already).
+const DIGIT_ZEROS: [u32; 12] = [
+    0x0660, 0x06F0, 0x07C0, 0x0966, 0x09E6, 0x0A66, 0x0AE6, 0x0B66, 0x0BE6, 0x0C66, 0x0CE6, 0x0E50,
+];
+
+/// Digits of other scripts as ASCII digits; dashes and minus signs as '-'.
+fn fold(c: char) -> char {
+    let u = c as u32;
+    if let Some(zero) = DIGIT_ZEROS.iter().find(|&&z| (z..z + 10).contains(&u)) {
+        return char::from(b'0' + (u - zero) as u8);
+    }
+    match c {
+        '\u{2010}'..='\u{2015}' | '\u{2212}' | '\u{FE63}' => '-',
+        _ => c,
+    }
+}
+
 pub fn normalize(text: &str) -> String {
-    text.nfkc().filter(|c| !invisible(*c)).collect()
+    text.nfkc().filter(|c| !invisible(*c)).map(fold).collect()
 }
 
 #[cfg(test)]
@@ -34,5 +55,7 @@ mod tests {
         assert_eq!(normalize("４１１１\u{200B}１１１１"), "41111111");
         assert_eq!(normalize("DE89\u{00AD}3704"), "DE893704");
         assert_eq!(normalize("plain text"), "plain text");
+        assert_eq!(normalize("٤١١١\u{2066}१२"), "411112");
+        assert_eq!(normalize("12\u{2011}34\u{2212}5"), "12-34-5");
     }
 }

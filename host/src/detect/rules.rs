@@ -43,10 +43,19 @@ fn bounded(inner: &str) -> String {
 fn rule(kind: &'static str, pattern: &str, check: Option<fn(&str) -> bool>) -> Rule {
     Rule {
         kind,
-        pattern: Regex::new(pattern).unwrap_or_else(|e| panic!("rule {kind}: {e}")),
+        pattern: Regex::new(&ascii(pattern)).unwrap_or_else(|e| panic!("rule {kind}: {e}")),
         check,
         context: None,
     }
+}
+
+/// A pattern with ASCII word boundaries and ASCII digits: Unicode `\b`
+/// finds no boundary between "是" and a Latin letter (CJK characters are
+/// word characters), so "邮箱是jane@example.com" would be missed, and
+/// Unicode `\d` matches digits of other scripts, which `normalize` has
+/// already turned into ASCII ones.
+fn ascii(pattern: &str) -> String {
+    pattern.replace(r"\b", r"(?-u:\b)").replace(r"\d", "[0-9]")
 }
 
 fn with_context(mut r: Rule, words: &str) -> Rule {
@@ -61,13 +70,13 @@ pub fn builtin() -> Vec<Rule> {
         // Structured identifiers.
         rule(
             "email",
-            r"(?i)\b[a-z0-9._%+-]+@[a-z0-9.-]+\.[a-z]{2,}\b",
+            r"(?i)\b[a-z0-9._%+-]{1,64}@[a-z0-9.-]{1,255}\.[a-z]{2,24}\b",
             None,
         ),
         rule(
             "payment-card",
             &bounded(&format!(r"\d(?:{S}\d){{12,18}}")),
-            Some(v::luhn),
+            Some(v::card),
         ),
         rule(
             "iban",
@@ -157,7 +166,7 @@ pub fn builtin() -> Vec<Rule> {
         // US state and ZIP, a German or French street, a Chinese one.
         rule(
             "postal-address",
-            r"(?i)\b\d{1,5}[a-z]?,?\s+(?:[a-z'.\-]+\s+){0,4}(?:street|st|avenue|ave|road|rd|lane|ln|boulevard|blvd|drive|dr|court|ct|way|place|pl|terrace|close|crescent|highway|hwy|square|sq)\b\.?",
+            r"(?i)\b\d{1,5}[a-z]?,?\s+(?:[a-z'.\-]{1,32}\s{1,3}){0,4}(?:street|st|avenue|ave|road|rd|lane|ln|boulevard|blvd|drive|dr|court|ct|way|place|pl|terrace|close|crescent|highway|hwy|square|sq)\b\.?",
             None,
         ),
         rule(
@@ -172,7 +181,7 @@ pub fn builtin() -> Vec<Rule> {
         ),
         rule(
             "postal-address",
-            r"(?i)\b[a-zäöüß\-]+(?:straße|strasse|str\.|weg|platz|allee|gasse|ring|damm)\s+\d+[a-z]?\b",
+            r"(?i)\b[a-zäöüß\-]{1,40}(?:straße|strasse|str\.|weg|platz|allee|gasse|ring|damm)\s+\d+[a-z]?\b",
             None,
         ),
         rule(
@@ -182,18 +191,18 @@ pub fn builtin() -> Vec<Rule> {
         ),
         rule(
             "postal-address",
-            r"\p{Han}{2,}(?:路|街|道|巷|里)\d+号",
+            r"\p{Han}{2,24}(?:路|街|道|巷|里)\d{1,5}号",
             None,
         ),
         rule(
             "postal-address",
-            r"(?i)\b(?:calle|avenida|av\.|plaza|paseo|carrer|rua|via|viale|corso|piazza|rue|boulevard|chemin)\s+(?:[\p{L}.'\-]+\s+){0,5}\d{1,4}\b",
+            r"(?i)\b(?:calle|avenida|av\.|plaza|paseo|carrer|rua|via|viale|corso|piazza|rue|boulevard|chemin)\s+(?:[\p{L}.'\-]{1,32}\s{1,3}){0,5}\d{1,4}\b",
             None,
         ),
         with_context(
             rule(
                 "date-of-birth",
-                r"(?i)(?:\d{1,4}[./\-年]\s?\d{1,2}[./\-月]\s?\d{1,4}日?|\d{1,2}\s+de\s+\p{L}+\s+de\s+\d{4}|\d{1,2}(?:st|nd|rd|th)?\s+(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec|janv|févr|mars|avr|mai|juin|juil|août|sept|déc|enero|febrero|marzo|abril|mayo|junio|julio|agosto|septiembre|octubre|noviembre|diciembre|januar|februar|märz|juni|juli|oktober|dezember)[a-zéû]*\.?,?\s+\d{4}|(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?\s+\d{1,2}(?:st|nd|rd|th)?,?\s+\d{4})",
+                r"(?i)(?:\d{1,4}[./\-年]\s?\d{1,2}[./\-月]\s?\d{1,4}日?|\d{1,2}\s{1,3}de\s{1,3}\p{L}{1,20}\s{1,3}de\s{1,3}\d{4}|\d{1,2}(?:st|nd|rd|th)?\s+(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec|janv|févr|mars|avr|mai|juin|juil|août|sept|déc|enero|febrero|marzo|abril|mayo|junio|julio|agosto|septiembre|octubre|noviembre|diciembre|januar|februar|märz|juni|juli|oktober|dezember)[a-zéû]*\.?,?\s+\d{4}|(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?\s+\d{1,2}(?:st|nd|rd|th)?,?\s+\d{4})",
                 None,
             ),
             r"born|birth|dob|d\.o\.b|birthday|geboren|geburt|né le|née le|naissance|nacimiento|nació|出生|生日|生于",
@@ -221,14 +230,14 @@ pub fn builtin() -> Vec<Rule> {
         ),
         rule("api-key", r"\bgh[pousr]_[A-Za-z0-9]{30,255}\b", None),
         rule("api-key", r"\bgithub_pat_[A-Za-z0-9_]{22,255}\b", None),
-        rule("api-key", r"\bglpat-[A-Za-z0-9_\-]{20,}\b", None),
-        rule("api-key", r"\bxox[abposr]-[A-Za-z0-9\-]{10,}\b", None),
+        rule("api-key", r"\bglpat-[A-Za-z0-9_\-]{20,256}\b", None),
+        rule("api-key", r"\bxox[abposr]-[A-Za-z0-9\-]{10,256}\b", None),
         rule(
             "api-key",
-            r"\b(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}\b",
+            r"\b(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,512}\b",
             None,
         ),
-        rule("api-key", r"\bsk-[A-Za-z0-9_\-]{20,}", None),
+        rule("api-key", r"\bsk-[A-Za-z0-9_\-]{20,256}", None),
         rule("api-key", r"\bAIza[0-9A-Za-z_\-]{35}\b", None),
         rule("api-key", r"\b(?:SK|AC)[0-9a-fA-F]{32}\b", None),
         rule(
@@ -238,7 +247,7 @@ pub fn builtin() -> Vec<Rule> {
         ),
         rule("api-key", r"(?i)AccountKey=[A-Za-z0-9+/=]{40,}", None),
         rule("api-key", r"\bnpm_[A-Za-z0-9]{36}\b", None),
-        rule("api-key", r"\bhf_[A-Za-z0-9]{30,}\b", None),
+        rule("api-key", r"\bhf_[A-Za-z0-9]{30,256}\b", None),
         rule(
             "private-key",
             r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----",
@@ -246,22 +255,22 @@ pub fn builtin() -> Vec<Rule> {
         ),
         rule(
             "jwt",
-            r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}",
+            r"\beyJ[A-Za-z0-9_\-]{8,4096}\.eyJ[A-Za-z0-9_\-]{8,4096}\.[A-Za-z0-9_\-]{8,4096}",
             None,
         ),
         rule(
             "password",
-            r"(?i)\b[a-z][a-z0-9+.\-]*://[^\s:/@]+:([^\s@/]{3,})@",
+            r"(?i)\b[a-z][a-z0-9+.\-]{0,32}://[^\s:/@]{1,256}:([^\s@/]{3,256})@",
             Some(not_placeholder),
         ),
         rule(
             "password",
-            r#"(?i)(?:password|passwd|pwd|passwort|kennwort|mot de passe|contraseña|密码|口令)\s*["']?\s*[=:：]\s*["']?([^\s"',;]{4,})"#,
+            r#"(?i)(?:password|passwd|pwd|passwort|kennwort|mot de passe|contraseña|密码|口令)\s*["']?\s*[=:：]\s*["']?([^\s"',;]{4,256})"#,
             Some(not_placeholder),
         ),
         rule(
             "secret",
-            r#"(?i)\b[a-z0-9_\-]*(?:secret|token|api_?key|apikey|access_?key|private_?key|auth_?key|credential)[a-z0-9_\-]*["']?\s*[=:]\s*["']?([^\s"'`,;]{16,})"#,
+            r#"(?i)\b[a-z0-9_\-]{0,64}(?:secret|token|api_?key|apikey|access_?key|private_?key|auth_?key|credential){0,64}["']?\s*[=:]\s*["']?([^\s"'`,;]{16,512})"#,
             Some(v::high_entropy),
         ),
     ]
@@ -270,9 +279,10 @@ pub fn builtin() -> Vec<Rule> {
 /// A UK postcode's outward code starts with a known letter and the inward
 /// code's letters avoid C, I, K, M, O, V.
 fn uk_postcode_shape(s: &str) -> bool {
-    let s: String = s.chars().filter(|c| !c.is_whitespace()).collect();
-    let inward = &s[s.len().saturating_sub(3)..];
-    !inward.chars().skip(1).any(|c| "CIKMOV".contains(c)) && !s.starts_with(['Q', 'V', 'X'])
+    let chars: Vec<char> = s.chars().filter(|c| !c.is_whitespace()).collect();
+    let inward = &chars[chars.len().saturating_sub(3)..];
+    !inward.iter().skip(1).any(|c| "CIKMOV".contains(*c))
+        && !chars.first().is_some_and(|c| "QVX".contains(*c))
 }
 
 /// Two capitals before a ZIP code are a US state (or DC, PR).

@@ -296,3 +296,40 @@ fn a_megabyte_of_digits_is_scanned_without_blowing_up() {
     let found = detector().scan([digits.as_str()]);
     assert!(!found.contains(&"payment-card"), "{found:?}");
 }
+
+#[test]
+fn review_findings_stay_fixed() {
+    // Latin text right after CJK characters (no Unicode word boundary).
+    finds(
+        "email",
+        &["我的邮箱是jane@example.com", "メールはjane@example.comです"],
+    );
+    finds("api-key", &["密钥是sk-proj-abcdefghijklmnopqrstuvwx"]);
+    // A card followed by its expiry date or CVV.
+    finds(
+        "payment-card",
+        &["card 4111 1111 1111 1111 12/25", "4111-1111-1111-1111-01"],
+    );
+    // Digits of other scripts, bidi isolates and non-ASCII dashes.
+    finds(
+        "payment-card",
+        &[
+            "٤١١١ ١١١١ ١١١١ ١١١١",
+            "4111\u{2066}1111 1111 1111",
+            "4111\u{2011}1111\u{2011}1111\u{2011}1111",
+        ],
+    );
+    // Postcode shapes with non-ASCII digits must not panic.
+    let _ = kinds("NW1 ٦XE and A१ १AA");
+}
+
+#[test]
+fn look_alikes_that_fail_their_checks_cannot_make_a_scan_quadratic() {
+    // Each candidate runs to a bounded length, and after MAX_CANDIDATES
+    // failures a rule counts as found (fail closed), so these finish.
+    let d = detector();
+    let placeholders = "password=$".repeat(100_000);
+    assert!(d.scan([placeholders.as_str()]).contains(&"password"));
+    let tokens = "token=token=".repeat(50_000);
+    let _ = d.scan([tokens.as_str()]);
+}

@@ -14,6 +14,14 @@ fn alnum_upper(s: &str) -> String {
         .collect()
 }
 
+/// A card among the digit groups of a candidate: the greedy pattern may
+/// have taken an expiry date or a CVV after the number ("4111 1111 1111
+/// 1111 12/25"), so every run of whole groups is tried.
+pub fn card(s: &str) -> bool {
+    let groups: Vec<&str> = s.split([' ', '.', '-']).filter(|g| !g.is_empty()).collect();
+    (0..groups.len()).any(|i| (i + 1..=groups.len()).any(|j| luhn(&groups[i..j].concat())))
+}
+
 /// Payment cards (ISO/IEC 7812): 13–19 digits, Luhn, not one repeated digit.
 pub fn luhn(s: &str) -> bool {
     let d = digits(s);

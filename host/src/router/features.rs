@@ -187,7 +187,13 @@ pub fn embed_prompt(request: &Prepared, embedder: &Embedder, cut_to: u32) -> Opt
         .iter()
         .rev()
         .find(|(role, text)| role == "user" && !text.trim().is_empty())?;
-    match embedder.embed(text, Some(cut_to)) {
+    // Only the first `cut_to` tokens count: a megabyte message is not
+    // tokenized whole for them (no token is longer than 32 bytes here).
+    let mut end = text.len().min(cut_to as usize * 32);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    match embedder.embed(&text[..end], Some(cut_to)) {
         Ok(e) => Some(e.vector),
         Err(error) => {
             tracing::warn!(%error, "prompt embedding failed; the policy gets none");

@@ -614,7 +614,12 @@ impl Context {
                 crate::decisions::Decided {
                     id: self.request.id.clone(),
                     policy: self.policy.id.clone(),
-                    features: self.features().clone(),
+                    // Never the prompt's embedding: it is a representation
+                    // of the text, which the log never holds.
+                    features: edgeroute_core::Features {
+                        embedding: None,
+                        ..self.features().clone()
+                    },
                     decision: self.decision.0.clone(),
                     propensity: self.decision.1,
                     outcome: (&outcome).into(),

@@ -162,11 +162,12 @@ pub fn builtin() -> Vec<Rule> {
             ),
             r"phone|tel|call|mobile|cell|ring|telefon|téléphone|teléfono|handy|portable|móvil|电话|手机|联系",
         ),
-        // Addresses: a house number and a street word, a UK postcode, a
+        // Addresses: a house number and a capitalised street name ("221B
+        // Baker Street"; "the square" in a sentence is not one), a UK postcode, a
         // US state and ZIP, a German or French street, a Chinese one.
         rule(
             "postal-address",
-            r"(?i)\b\d{1,5}[a-z]?,?\s+(?:[a-z'.\-]{1,32}\s{1,3}){0,4}(?:street|st|avenue|ave|road|rd|lane|ln|boulevard|blvd|drive|dr|court|ct|way|place|pl|terrace|close|crescent|highway|hwy|square|sq)\b\.?",
+            r"\b\d{1,5}[A-Za-z]?,?\s{1,3}(?:[A-Z][A-Za-z'.\-]{0,31}\s{1,3}){0,4}(?:Street|St|Avenue|Ave|Road|Rd|Lane|Ln|Boulevard|Blvd|Drive|Dr|Court|Ct|Way|Place|Pl|Terrace|Close|Crescent|Highway|Hwy|Square|Sq|STREET|AVENUE|ROAD)\b\.?",
             None,
         ),
         rule(
@@ -181,12 +182,12 @@ pub fn builtin() -> Vec<Rule> {
         ),
         rule(
             "postal-address",
-            r"(?i)\b[a-zäöüß\-]{1,40}(?:straße|strasse|str\.|weg|platz|allee|gasse|ring|damm)\s+\d+[a-z]?\b",
+            r"(?i)\b[a-zäöüß\-]{1,40}(?:straße|strasse|str\.|weg|platz|allee|gasse|ring|damm)\s{1,3}\d{1,5}[a-z]?\b",
             None,
         ),
         rule(
             "postal-address",
-            r"(?i)\b\d{1,4}(?: ?(?:bis|ter))?,?\s+(?:rue|avenue|av\.|boulevard|bd|place|chemin|allée|impasse|quai|calle|avenida|via|piazza)\s+\w",
+            r"(?i)\b\d{1,4}(?: ?(?:bis|ter))?,?\s{1,3}(?:rue|avenue|av\.|boulevard|bd|place|chemin|allée|impasse|quai|calle|avenida|via|piazza)\s+\w",
             None,
         ),
         rule(
@@ -196,13 +197,13 @@ pub fn builtin() -> Vec<Rule> {
         ),
         rule(
             "postal-address",
-            r"(?i)\b(?:calle|avenida|av\.|plaza|paseo|carrer|rua|via|viale|corso|piazza|rue|boulevard|chemin)\s+(?:[\p{L}.'\-]{1,32}\s{1,3}){0,5}\d{1,4}\b",
+            r"(?i)\b(?:calle|avenida|av\.|plaza|paseo|carrer|rua|via|viale|corso|piazza|rue|boulevard|chemin)\s{1,3}(?:[\p{L}.'\-]{1,32}\s{1,3}){0,5}\d{1,4}\b",
             None,
         ),
         with_context(
             rule(
                 "date-of-birth",
-                r"(?i)(?:\d{1,4}[./\-年]\s?\d{1,2}[./\-月]\s?\d{1,4}日?|\d{1,2}\s{1,3}de\s{1,3}\p{L}{1,20}\s{1,3}de\s{1,3}\d{4}|\d{1,2}(?:st|nd|rd|th)?\s+(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec|janv|févr|mars|avr|mai|juin|juil|août|sept|déc|enero|febrero|marzo|abril|mayo|junio|julio|agosto|septiembre|octubre|noviembre|diciembre|januar|februar|märz|juni|juli|oktober|dezember)[a-zéû]*\.?,?\s+\d{4}|(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?\s+\d{1,2}(?:st|nd|rd|th)?,?\s+\d{4})",
+                r"(?i)(?:\d{1,4}[./\-年]\s?\d{1,2}[./\-月]\s?\d{1,4}日?|\d{1,2}\s{1,3}de\s{1,3}\p{L}{1,20}\s{1,3}de\s{1,3}\d{4}|\d{1,2}(?:st|nd|rd|th)?\s{1,3}(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec|janv|févr|mars|avr|mai|juin|juil|août|sept|déc|enero|febrero|marzo|abril|mayo|junio|julio|agosto|septiembre|octubre|noviembre|diciembre|januar|februar|märz|juni|juli|oktober|dezember)[a-zéû]*\.?,?\s{1,3}\d{4}|(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?\s{1,3}\d{1,2}(?:st|nd|rd|th)?,?\s{1,3}\d{4})",
                 None,
             ),
             r"born|birth|dob|d\.o\.b|birthday|geboren|geburt|né le|née le|naissance|nacimiento|nació|出生|生日|生于",
@@ -250,7 +251,7 @@ pub fn builtin() -> Vec<Rule> {
         rule("api-key", r"\bhf_[A-Za-z0-9]{30,256}\b", None),
         rule(
             "private-key",
-            r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----",
+            r"-----BEGIN (?:[A-Z0-9]{1,16} ){0,4}PRIVATE KEY(?: BLOCK)?-----",
             None,
         ),
         rule(
@@ -270,7 +271,7 @@ pub fn builtin() -> Vec<Rule> {
         ),
         rule(
             "secret",
-            r#"(?i)\b[a-z0-9_\-]{0,64}(?:secret|token|api_?key|apikey|access_?key|private_?key|auth_?key|credential){0,64}["']?\s*[=:]\s*["']?([^\s"'`,;]{16,512})"#,
+            r#"(?i)\b[a-z0-9_\-]{0,64}(?:secret|token|api_?key|apikey|access_?key|private_?key|auth_?key|credential)[a-z0-9_\-]{0,64}["']?\s*[=:]\s*["']?([^\s"'`,;]{16,512})"#,
             Some(v::high_entropy),
         ),
     ]

@@ -135,7 +135,13 @@ fn addresses_dates_and_network() {
             "北京市朝阳区建国路88号",
         ],
     );
-    misses("postal-address", &["I have 3 cats"]);
+    misses(
+        "postal-address",
+        &[
+            "I have 3 cats",
+            "Multiply 4821 by 3907 and then subtract the square of 97",
+        ],
+    );
     finds(
         "date-of-birth",
         &[

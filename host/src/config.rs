@@ -259,7 +259,8 @@ pub struct Limits {
     /// Open client connections; beyond this new ones wait in the backlog.
     pub max_connections: usize,
     /// A connection whose request head is not complete in this time is
-    /// closed (a slow or idle client cannot hold it).
+    /// closed (a client slow to send its headers cannot hold it; a slow
+    /// body is not timed yet).
     pub header_read_timeout_ms: u64,
     /// On SIGTERM, requests in flight get this long to finish.
     pub shutdown_grace_ms: u64,

@@ -39,24 +39,7 @@ fn tiny(suffix: &str) -> String {
 }
 
 fn replay(dataset: &Path, candidate: &str, extra: &[&str]) -> Value {
-    let output = EDGEROUTE
-        .command()
-        .args(["policy", "replay"])
-        .arg(dataset)
-        .arg(candidate)
-        .arg("--config")
-        .arg(config())
-        .args(extra)
-        .arg("--json")
-        .output()
-        .expect("run edgeroute policy replay");
-    assert!(
-        output.status.success(),
-        "replay failed: {}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).expect("replay --json prints JSON")
+    EDGEROUTE.policy_replay(dataset, candidate, &config(), extra)
 }
 
 fn curve<'a>(report: &'a Value, name: &str) -> &'a Value {

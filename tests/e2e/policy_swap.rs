@@ -587,23 +587,7 @@ fn the_bandit_learns_from_outcomes_and_feedback_and_keeps_it_across_swaps_and_re
 
 /// `edgeroute policy replay LOG FILE --json` with the node's own config.
 fn replay(node_config: &std::path::Path, log: &std::path::Path, candidate: &str) -> Value {
-    let output = EDGEROUTE
-        .command()
-        .args(["policy", "replay"])
-        .arg(log)
-        .arg(candidate)
-        .arg("--config")
-        .arg(node_config)
-        .arg("--json")
-        .output()
-        .expect("run edgeroute policy replay");
-    assert!(
-        output.status.success(),
-        "replay failed: {}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).expect("replay --json prints JSON")
+    EDGEROUTE.policy_replay(log, candidate, node_config, &[])
 }
 
 #[test]

@@ -61,6 +61,35 @@ impl Edgeroute {
         Command::new(self.binary)
     }
 
+    /// `edgeroute policy replay LOG_OR_DATASET CANDIDATE --config CONFIG
+    /// EXTRA… --json`: the parsed report; panics with the output on failure.
+    pub fn policy_replay(
+        &self,
+        log: &Path,
+        candidate: &str,
+        config: &Path,
+        extra: &[&str],
+    ) -> Value {
+        let output = self
+            .command()
+            .args(["policy", "replay"])
+            .arg(log)
+            .arg(candidate)
+            .arg("--config")
+            .arg(config)
+            .args(extra)
+            .arg("--json")
+            .output()
+            .expect("run edgeroute policy replay");
+        assert!(
+            output.status.success(),
+            "replay failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        serde_json::from_slice(&output.stdout).expect("replay --json prints JSON")
+    }
+
     /// `edgeroute policy check [--reference] --config
     /// runtime-config/edgeroute.toml FILE`, run from the repository root:
     /// whether it passed, and everything it printed.

@@ -21,6 +21,52 @@ pub struct Config {
     pub policy: PolicyConfig,
     pub guard: GuardConfig,
     pub limits: Limits,
+    pub audit: AuditConfig,
+}
+
+/// The egress audit log (`host/src/audit.rs`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuditConfig {
+    /// On by default: what left the node is the first question a privacy
+    /// review asks.
+    pub enabled: bool,
+    /// Relative to the state directory (`[node] state_dir`, else
+    /// `$XDG_STATE_HOME/edgeroute` or `~/.local/state/edgeroute`).
+    pub path: PathBuf,
+    /// Rotate when the file would grow past this.
+    pub max_bytes: u64,
+    /// Rotated files kept (`FILE.1` is the newest).
+    pub keep: u32,
+}
+
+impl Default for AuditConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            path: "egress-audit.jsonl".into(),
+            max_bytes: 16 << 20,
+            keep: 3,
+        }
+    }
+}
+
+impl Config {
+    /// Where logs that are on by default go: `[node] state_dir`, else the
+    /// user's state folder (never the folder the node was started from).
+    pub fn state_dir_or_default(&self) -> PathBuf {
+        if let Some(dir) = &self.node.state_dir {
+            return dir.clone();
+        }
+        let base = std::env::var_os("XDG_STATE_HOME")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| {
+                std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".local/state"))
+            })
+            .unwrap_or_else(std::env::temp_dir);
+        base.join("edgeroute")
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]

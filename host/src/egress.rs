@@ -7,6 +7,8 @@
 //! key to the requests that go to the upstream it belongs to, after the
 //! guard has let them out. No guest ever holds the key, so none can leak it.
 
+use crate::audit::{self, AuditLog, Event, Record};
+use crate::targets::Taint;
 use http::header::{self, HeaderName, HeaderValue};
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -16,22 +18,69 @@ use wasmtime_wasi_http::{
     WasiHttpHooks,
 };
 
-/// Counts of what the guard let out and refused, for `/metrics`-style views.
+/// Counts of what the guard let out and refused (`/metrics`), and the
+/// audit log where each refusal and each call that went out is written.
 #[derive(Default)]
 pub struct EgressAudit {
     pub allowed: AtomicU64,
     pub refused_sensitive: AtomicU64,
     pub refused_host: AtomicU64,
+    pub log: Option<AuditLog>,
 }
 
-/// The hooks of one cloud call: the hosts that may be reached, whether
-/// the client request that caused the call may leave the node at all, and
-/// the key of the upstream chosen for the call.
+impl EgressAudit {
+    pub fn with_log(log: Option<AuditLog>) -> Self {
+        Self {
+            log,
+            ..Self::default()
+        }
+    }
+
+    /// A record about `taint`'s request headed for `target`.
+    pub fn record(&self, event: Event, taint: &Taint, target: &str) -> Record {
+        Record {
+            at_ms: audit::now_ms(),
+            event,
+            request_id: taint.request_id.clone(),
+            target: target.to_string(),
+            host: None,
+            policy: taint.policy.clone(),
+            reason: taint.reason.clone(),
+            sensitivity: taint.sensitivity.to_string(),
+            refused_by: None,
+            prompt_tokens: taint.prompt_tokens,
+            completion_tokens: 0,
+            bytes_sent: 0,
+            ok: false,
+        }
+    }
+
+    pub fn write(&self, record: &Record) {
+        if let Some(log) = &self.log {
+            log.write(record);
+        }
+    }
+}
+
+/// What one cloud call sent, counted by its hooks: whether anything went
+/// out, where, and how many body bytes.
+#[derive(Default)]
+pub struct CallMeter {
+    pub sends: AtomicU64,
+    pub bytes: Arc<AtomicU64>,
+    pub host: std::sync::Mutex<Option<String>>,
+}
+
+/// The hooks of one cloud call: the hosts that may be reached, the client
+/// request behind the call (may it leave the node at all?), and the key of
+/// the upstream chosen for the call.
 pub struct EgressHooks {
     pub allowed_hosts: Arc<HashSet<String>>,
-    pub may_leave: bool,
-    pub request_id: String,
+    pub taint: Taint,
+    /// `cloud:NAME`, for the audit.
+    pub target: String,
     pub audit: Arc<EgressAudit>,
+    pub call: Arc<CallMeter>,
     /// Added only to requests for this upstream's origin: another allowed
     /// host (a second upstream) must not receive this one's key.
     pub credential: Option<Credential>,
@@ -139,30 +188,44 @@ impl WasiHttpHooks for EgressHooks {
 
     fn send_request(
         &mut self,
-        mut request: http::Request<WasiBody>,
+        request: http::Request<WasiBody>,
         options: Option<RequestOptions>,
         _response_errors: Box<dyn Future<Output = Result<(), HttpError>> + Send>,
     ) -> SendFuture {
         let authority = host_port(request.uri()).unwrap_or_default();
-        if !self.may_leave {
+        let refusal = if !self.taint.may_leave {
             self.audit.refused_sensitive.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(
-                request_id = %self.request_id,
-                %authority,
-                "egress refused: the request's sensitivity may not leave the node"
-            );
-            return Box::new(async { Err(HttpError::HttpRequestDenied) });
-        }
-        if !self.allowed_hosts.contains(&authority) {
+            Some("the request's sensitivity may not leave the node")
+        } else if !self.allowed_hosts.contains(&authority) {
             self.audit.refused_host.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(
-                request_id = %self.request_id,
-                %authority,
-                "egress refused: host is not a configured upstream"
-            );
+            Some("host is not a configured upstream")
+        } else {
+            None
+        };
+        if let Some(why) = refusal {
+            tracing::warn!(request_id = %self.taint.request_id, %authority, "egress refused: {why}");
+            let mut record = self.audit.record(Event::Refused, &self.taint, &self.target);
+            record.host = Some(authority);
+            record.refused_by = Some("egress");
+            self.audit.write(&record);
             return Box::new(async { Err(HttpError::HttpRequestDenied) });
         }
         self.audit.allowed.fetch_add(1, Ordering::Relaxed);
+        self.call.sends.fetch_add(1, Ordering::Relaxed);
+        *self.call.host.lock().unwrap_or_else(|p| p.into_inner()) = Some(authority);
+        // Count the body as it is sent, for the audit's `bytes_sent`.
+        let bytes = self.call.bytes.clone();
+        let request = request.map(|body| {
+            use http_body_util::BodyExt;
+            body.map_frame(move |frame| {
+                if let Some(data) = frame.data_ref() {
+                    bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+                }
+                frame
+            })
+            .boxed_unsync()
+        });
+        let mut request = request;
         // Only now, past the guard: a refused request never carried the key.
         if let Some(credential) = &self.credential
             && credential.is_for(request.uri())
@@ -221,10 +284,19 @@ mod tests {
     fn hooks(may_leave: bool) -> EgressHooks {
         EgressHooks {
             allowed_hosts: Arc::new(HashSet::from(["127.0.0.1:9".to_string()])),
-            may_leave,
-            request_id: "t".into(),
+            taint: taint(may_leave),
+            target: "cloud:test".into(),
             audit: Arc::default(),
+            call: Arc::default(),
             credential: None,
+        }
+    }
+
+    fn taint(may_leave: bool) -> Taint {
+        Taint {
+            request_id: "t".into(),
+            may_leave,
+            ..Taint::default()
         }
     }
 
@@ -234,9 +306,10 @@ mod tests {
     fn hooks_with_key(allowed: &[&str], upstream: &str) -> EgressHooks {
         EgressHooks {
             allowed_hosts: Arc::new(allowed.iter().map(|a| a.to_string()).collect()),
-            may_leave: true,
-            request_id: "t".into(),
+            taint: taint(true),
+            target: "cloud:test".into(),
             audit: Arc::default(),
+            call: Arc::default(),
             credential: Some(Credential::bearer(&format!("http://{upstream}/v1"), KEY).unwrap()),
         }
     }

@@ -98,6 +98,12 @@ fn length_bucket(tokens: u32) -> &'static str {
     }
 }
 
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Totals {
+    pub cloud_cost_usd: f64,
+    pub cost_avoided_usd: f64,
+}
+
 pub struct Ledger {
     reference: Prices,
     buckets: Mutex<BTreeMap<Key, Bucket>>,
@@ -135,6 +141,25 @@ impl Ledger {
         }
     }
 
+    /// What the cloud cost and what local answers avoided, over all
+    /// buckets (`/metrics`).
+    pub fn totals(&self) -> Totals {
+        let buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        let mut totals = Totals::default();
+        for b in buckets.values() {
+            totals.cloud_cost_usd += b.cloud.cost_usd;
+            totals.cost_avoided_usd += self.avoided(b);
+        }
+        totals
+    }
+
+    fn avoided(&self, bucket: &Bucket) -> f64 {
+        self.reference.cost(Usage {
+            prompt_tokens: bucket.local.prompt_tokens as u32,
+            completion_tokens: bucket.local.completion_tokens as u32,
+        })
+    }
+
     /// Per bucket: counts, mean latency per placement, cloud spend, and the
     /// cloud cost local work avoided at the reference upstream's prices.
     /// Latency saved is only claimed where both placements were observed.
@@ -143,10 +168,7 @@ impl Ledger {
         let mut rows = Vec::new();
         let (mut spent, mut avoided, mut saved_ms) = (0.0, 0.0, 0.0);
         for (key, b) in buckets.iter() {
-            let cost_avoided = self.reference.cost(Usage {
-                prompt_tokens: b.local.prompt_tokens as u32,
-                completion_tokens: b.local.completion_tokens as u32,
-            });
+            let cost_avoided = self.avoided(b);
             let latency_saved_ms = match (b.local.mean_latency_ms(), b.cloud.mean_latency_ms()) {
                 (Some(l), Some(c)) => Some((c - l) * b.local.requests as f64),
                 _ => None,

@@ -9,6 +9,7 @@
 //! `ledger`). The vocabulary they share is the `edgeroute_core` crate.
 
 pub mod api;
+pub mod audit;
 pub mod bench;
 pub mod bindings;
 pub mod cli;
@@ -19,6 +20,7 @@ pub mod detect;
 pub mod egress;
 pub mod feedback;
 pub mod ledger;
+pub mod metrics;
 pub mod nn;
 pub mod node;
 pub mod policy;

@@ -1,11 +1,13 @@
 //! A running node: the config and every part built from it, shared by all
 //! request handlers.
 
+use crate::audit::AuditLog;
 use crate::config::Config;
 use crate::decisions::DecisionLog;
 use crate::detect::Detector;
 use crate::feedback::Recent;
 use crate::ledger::Ledger;
+use crate::metrics::Metrics;
 use crate::nn::{Embedder, LoadedModel, RuntimeParams};
 use crate::policy::PolicyHost;
 use crate::policy::eval::shadow::ShadowSlot;
@@ -22,7 +24,7 @@ pub struct Node {
     pub config: Config,
     pub policy: PolicyHost,
     /// A candidate policy that sees live features but never decides.
-    pub shadow: ShadowSlot,
+    pub shadow: Arc<ShadowSlot>,
     pub local: LocalTarget,
     pub cloud: CloudTarget,
     /// The sentence-embedding model, when one is configured and present.
@@ -30,6 +32,8 @@ pub struct Node {
     /// Sensitive-data detection: the built-in rules and the operator's.
     pub detector: Detector,
     pub ledger: Ledger,
+    /// Request-path series for `GET /metrics`.
+    pub metrics: Metrics,
     /// Outcomes of recent requests, for `POST /v1/feedback`.
     pub recent: Recent,
     /// Where decisions and outcomes are appended, when configured.
@@ -125,6 +129,7 @@ impl Node {
             components::CLOUD_FETCH,
             &config.cloud.upstreams,
             Duration::from_millis(config.limits.cloud_timeout_ms),
+            AuditLog::from_config(&config.audit, &config.state_dir_or_default())?,
         )?;
         let policy =
             PolicyHost::new(&engine, &config.policy, config.node.state_dir.clone()).await?;
@@ -139,12 +144,13 @@ impl Node {
             .unwrap_or_default();
         Ok(Arc::new(Node {
             policy,
-            shadow: ShadowSlot::default(),
+            shadow: Arc::default(),
             local,
             cloud,
             embedder,
             detector: Detector::new(&config.guard)?,
             ledger: Ledger::new(reference),
+            metrics: Metrics::default(),
             recent: Recent::default(),
             decisions: match &config.node.decision_log {
                 Some(path) => Some(DecisionLog::open(path)?),

@@ -5,6 +5,8 @@
 //! - `chat`: the OpenAI API, placement, the guard and fail-closed paths;
 //! - `dataset`: scoring a policy on a labelled dataset (APGR, baselines);
 //! - `embeddings`: `/v1/embeddings`, and the embedding a policy asks for;
+//! - `observability`: `/metrics` (promtool), the egress audit log, and the
+//!   dashboard in headless Chromium;
 //! - `policy_swap`: hot swaps, rollback, state, shadow, the admin API;
 //! - `policy_languages`: the reference policy in Python, JavaScript and C;
 //! - `prefix`: prefix reuse for agent sessions, and its sensitivity fence;
@@ -19,6 +21,7 @@
 mod chat;
 mod dataset;
 mod embeddings;
+mod observability;
 mod policy_languages;
 mod policy_swap;
 mod prefix;

@@ -11,6 +11,8 @@
 //!   streams and the routing headers.
 //! - `http.rs`: the HTTP clients behind [`Node`], among them a raw HTTP/1.1
 //!   client for bodies no well-behaved client would send.
+//! - [`Browser`] (`browser.rs`): headless Chromium over WebDriver, for the
+//!   dashboard.
 //! - [`unique`] (`names.rs`): names and prompt canaries unique to a call.
 //! - [`exclusive`] (`exclusive.rs`): the machine to oneself, for work that
 //!   must not share the cores with another test's node.
@@ -34,6 +36,7 @@
 
 use std::sync::{Mutex, MutexGuard};
 
+mod browser;
 mod cloud;
 mod exclusive;
 mod http;
@@ -41,6 +44,7 @@ mod names;
 mod node;
 mod resp;
 
+pub use browser::Browser;
 pub use cloud::{FakeCloud, Recorded};
 pub use exclusive::{Exclusive, exclusive};
 pub use names::unique;

@@ -15,6 +15,9 @@ use crate::http::{self, REQUEST_TIMEOUT};
 use crate::{API_KEY_ENV, FakeCloud, LOCAL_MODEL, Resp, UPSTREAM, UPSTREAM_MODEL, lock, unique};
 
 /// The model `scripts/fetch-models.sh` installs (`./dev setup` runs it).
+/// The audit log's file name in a test node's folder.
+const AUDIT_LOG: &str = "egress-audit.jsonl";
+
 const MODEL: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../../models/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -223,7 +226,8 @@ impl NodeBuilder {
     }
 
     /// The TOML config this builder writes.
-    fn config_toml(&self) -> String {
+    /// The config of a node whose files live in `dir`.
+    fn config_toml(&self, dir: &Path) -> String {
         let component = self
             .policy_component
             .as_deref()
@@ -258,7 +262,10 @@ never_leave = ["restricted"]
 detect_pii = true
 [limits]
 max_body_bytes = 1048576
-{limits}"#,
+{limits}[audit]
+path = {audit}
+"#,
+            audit = toml_string(&dir.join(AUDIT_LOG).display().to_string()),
             max_queue = self.max_queue,
             model_path = toml_string(&self.model_path.display().to_string()),
             optional = self.model_optional,
@@ -311,7 +318,7 @@ max_body_bytes = 1048576
         let dir = std::env::temp_dir().join(unique("edgeroute-e2e"));
         std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
         let config_path = dir.join("edgeroute.toml");
-        let config = self.config_toml();
+        let config = self.config_toml(&dir);
         std::fs::write(&config_path, &config)
             .unwrap_or_else(|e| panic!("write {}: {e}", config_path.display()));
         eprintln!("[testkit] config {}:\n{config}", config_path.display());
@@ -481,6 +488,11 @@ impl Node {
     /// The upstream API key the node was given through [`API_KEY_ENV`].
     pub fn api_key(&self) -> &str {
         &self.api_key
+    }
+
+    /// The node's egress audit log (`[audit] path`).
+    pub fn audit_log(&self) -> PathBuf {
+        self.dir.join(AUDIT_LOG)
     }
 
     /// The directory holding this node's config (its working directory).

@@ -4,6 +4,7 @@
 //! SSE or an OpenAI error envelope. No placement decision is made here.
 
 mod admin;
+mod dashboard;
 mod embeddings;
 pub mod error;
 mod feedback;
@@ -48,9 +49,11 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/models", get(models))
         .route("/healthz", get(healthz))
         .route("/ledger", get(ledger))
+        .route("/metrics", get(metrics))
         .route("/v1/feedback", post(feedback::post))
         .route("/v1/embeddings", post(embeddings::post))
         .merge(admin::routes())
+        .merge(dashboard::routes())
         .method_not_allowed_fallback(|method: axum::http::Method| async move {
             ApiError::new(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -125,6 +128,9 @@ async fn healthz(State(node): State<Arc<Node>>) -> Json<serde_json::Value> {
             .collect::<std::collections::BTreeMap<_, _>>(),
         "local_wait_ms": node.local.wait_ms(),
         "cloud_upstreams": node.cloud.upstream_names(),
+        // Whether the admin endpoints are on (the dashboard shows its
+        // swap and rollback buttons only then).
+        "admin_enabled": node.admin_token.is_some(),
         "egress": {
             "allowed": node.cloud.audit.allowed.load(Ordering::Relaxed),
             "refused_sensitive": node.cloud.audit.refused_sensitive.load(Ordering::Relaxed),
@@ -145,6 +151,16 @@ async fn models(State(node): State<Arc<Node>>) -> Json<serde_json::Value> {
         data.push(json!({ "id": name, "object": "model", "created": created, "owned_by": "edgeroute:cloud" }));
     }
     Json(json!({ "object": "list", "data": data }))
+}
+
+/// Prometheus text format (`crate::metrics`).
+async fn metrics(State(node): State<Arc<Node>>) -> Response {
+    let mut response = node.metrics.render(&node).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
+    );
+    response
 }
 
 async fn ledger(State(node): State<Arc<Node>>) -> Json<serde_json::Value> {

@@ -88,6 +88,7 @@ async fn call(node: &Node, at: &Where<'_>, messages: &[Message]) -> anyhow::Resu
                 let taint = Taint {
                     request_id: "chain".into(),
                     may_leave: true,
+                    ..Taint::default()
                 };
                 cloud.generate("sim", job, taint).await
             }
@@ -161,6 +162,7 @@ pub async fn run(node: &Arc<Node>, model: &str, options: &ChainOptions) -> anyho
         crate::components::CLOUD_FETCH,
         &[sim],
         Duration::from_secs(60),
+        None,
     )?;
     let n = options.chain_calls.max(1);
     println!(

@@ -11,7 +11,7 @@ use crate::config::PolicyConfig;
 use anyhow::Context;
 use edgeroute_core::{Decision, Features, Outcome, PolicyFailure};
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 use wasmtime::Engine;
@@ -62,6 +62,9 @@ pub struct PolicyHost {
     /// Swaps happen one at a time; requests never wait on this.
     swapping: tokio::sync::Mutex<()>,
     state: Option<StateFile>,
+    /// Swaps and rollbacks done (`/metrics`).
+    swaps: AtomicU64,
+    rollbacks: AtomicU64,
 }
 
 impl PolicyHost {
@@ -93,6 +96,8 @@ impl PolicyHost {
             previous: Default::default(),
             swapping: Default::default(),
             state,
+            swaps: AtomicU64::new(0),
+            rollbacks: AtomicU64::new(0),
         };
         host.restore_persisted().await;
         Ok(host)
@@ -148,6 +153,7 @@ impl PolicyHost {
         let _one_at_a_time = self.swapping.lock().await;
         let next = self.prepare(bytes, source).await?;
         self.activate(next).await;
+        self.swaps.fetch_add(1, Ordering::Relaxed);
         Ok(self.current())
     }
 
@@ -167,6 +173,7 @@ impl PolicyHost {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .retain(|v| !Arc::ptr_eq(v, &replaced));
+        self.rollbacks.fetch_add(1, Ordering::Relaxed);
         Ok(previous)
     }
 
@@ -224,6 +231,14 @@ impl PolicyHost {
             Ok(()) => tracing::info!(%path, policy = %current.id, "policy state restored"),
             Err(why) => tracing::info!(%path, %why, "persisted policy state not restored"),
         }
+    }
+
+    /// (swaps, rollbacks) since the node started.
+    pub fn changes(&self) -> (u64, u64) {
+        (
+            self.swaps.load(Ordering::Relaxed),
+            self.rollbacks.load(Ordering::Relaxed),
+        )
     }
 
     pub fn failures(&self) -> u64 {
@@ -346,7 +361,7 @@ mod tests {
             )
             .await
             .unwrap();
-        let shadow = ShadowSlot::default();
+        let shadow = Arc::new(ShadowSlot::default());
         shadow.set(Some(candidate));
         let short =
             conformance::features(12, Sensitivity::Public, true, &["smollm2"], &["frontier"]);

@@ -109,6 +109,10 @@ struct Live {
     needs: Needs,
 }
 
+/// How a policy call can fail: it trapped, ran past its deadline, or
+/// trapped after the memory cap refused it more memory.
+pub const FAILURE_KINDS: [&str; 3] = ["trap", "timeout", "memory"];
+
 /// One loaded policy component.
 pub struct PolicyVersion {
     /// First 12 hex digits of the component's SHA-256.
@@ -126,6 +130,8 @@ pub struct PolicyVersion {
     pub world: &'static str,
     pub calls: AtomicU64,
     pub failures: AtomicU64,
+    /// `failures` by kind, in the order of [`FAILURE_KINDS`].
+    failures_by_kind: [AtomicU64; 3],
     /// Linear memory of the current instance, in bytes.
     pub memory_bytes: AtomicUsize,
     settings: Settings,
@@ -184,6 +190,7 @@ impl PolicyVersion {
             world: pre.version(),
             calls: AtomicU64::new(0),
             failures: AtomicU64::new(0),
+            failures_by_kind: Default::default(),
             memory_bytes: AtomicUsize::new(0),
             settings,
             engine: engine.clone(),
@@ -302,10 +309,11 @@ impl PolicyVersion {
         let result = call(live).await;
         self.memory_bytes
             .store(live.store.data().limits.current(), Ordering::Relaxed);
+        let out_of_memory = live.store.data().limits.denied();
         result.map_err(|error| {
             // A trapped instance may hold broken state: start afresh.
             *slot = None;
-            self.failed(error)
+            self.failed_with(error, out_of_memory)
         })
     }
 
@@ -375,15 +383,37 @@ impl PolicyVersion {
     }
 
     fn failed(&self, error: wasmtime::Error) -> PolicyFailure {
+        self.failed_with(error, false)
+    }
+
+    /// `out_of_memory`: the memory cap refused a growth before the call
+    /// failed, so the trap (an allocator's abort, usually) was its result.
+    fn failed_with(&self, error: wasmtime::Error, out_of_memory: bool) -> PolicyFailure {
         self.failures.fetch_add(1, Ordering::Relaxed);
         // The trap itself, not the wasm backtrace: this ends up in a header.
-        let failure = match error.downcast_ref::<Trap>() {
-            Some(Trap::Interrupt) => PolicyFailure::Timeout(self.settings.deadline_ms),
-            Some(trap) => PolicyFailure::Trap(trap.to_string()),
-            None => PolicyFailure::Trap(error.to_string()),
+        let (kind, failure) = match error.downcast_ref::<Trap>() {
+            Some(Trap::Interrupt) => (1, PolicyFailure::Timeout(self.settings.deadline_ms)),
+            _ if out_of_memory => (
+                2,
+                PolicyFailure::Trap(format!(
+                    "out of memory: the policy tried to grow past its {} byte limit",
+                    self.settings.memory_limit
+                )),
+            ),
+            Some(trap) => (0, PolicyFailure::Trap(trap.to_string())),
+            None => (0, PolicyFailure::Trap(error.to_string())),
         };
+        self.failures_by_kind[kind].fetch_add(1, Ordering::Relaxed);
         tracing::warn!(policy = %self.id, source = %self.source, %failure, "policy call failed");
         failure
+    }
+
+    /// Failures so far by kind (`/metrics`).
+    pub fn failure_counts(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        FAILURE_KINDS
+            .iter()
+            .zip(&self.failures_by_kind)
+            .map(|(kind, n)| (*kind, n.load(Ordering::Relaxed)))
     }
 
     pub fn describe(&self) -> serde_json::Value {

@@ -15,13 +15,16 @@ pub mod request;
 mod run;
 
 use crate::bindings::target::{ChatRequest, Completion, Message};
+use crate::metrics::ReasonClass;
 use crate::node::Node;
 use crate::policy::PolicyVersion;
 use crate::targets::Taint;
 use crate::targets::TargetFailure;
 use cascade::Judge;
 use edgeroute_core::guard::{self, Facts, LocalFailure, NodeView, Placement};
-use edgeroute_core::{Features, Outcome, Prices, Refused, Target, TargetKind, Usage};
+use edgeroute_core::{
+    Choice, Decision, Features, Outcome, PolicyFailure, Prices, Refused, Target, TargetKind, Usage,
+};
 use features::Extracted;
 pub use features::Signals;
 pub use request::{Invalid, InvalidKind, Prepared};
@@ -119,6 +122,8 @@ struct Context {
     judged: Option<f32>,
     /// The policy's decision as a label, and its propensity (the log).
     decision: (String, Option<f32>),
+    /// Targets tried so far (more than one: a fallback served it).
+    hops: usize,
 }
 
 /// A request after policy and guard, not yet dispatched.
@@ -179,7 +184,9 @@ pub async fn decide(
         .map_err(|e| Failure::Internal(format!("computing the request's features failed: {e}")))?
     };
     let extracted = extracted.map_err(Failure::Invalid)?;
+    let asked = Instant::now();
     let (policy, decision) = node.policy.route(&extracted.features).await;
+    node.metrics.policy_call(&policy.id, asked.elapsed());
     node.shadow.compare(&extracted.features, &decision);
     let logged = (
         crate::policy::convert::label(&decision),
@@ -193,7 +200,13 @@ pub async fn decide(
         started,
         judged: None,
         decision: logged,
+        hops: 0,
     };
+    if !ctx.facts().may_leave
+        && let Some(cloud) = named_cloud(&decision)
+    {
+        ctx.audit_refused_by_guard(&cloud);
+    }
     let placement = ctx.with_view(|view| guard::place(decision, &ctx.extracted.facts, view));
     Ok(Decided { ctx, placement })
 }
@@ -214,7 +227,10 @@ pub async fn serve(
 /// request may leave; cloud failed → local if a model is there). No target
 /// is tried twice, so an upstream never receives the same request again.
 pub async fn dispatch(decided: Decided) -> Result<Served, Failure> {
-    let Decided { ctx, mut placement } = decided;
+    let Decided {
+        mut ctx,
+        mut placement,
+    } = decided;
     // Targets already tried, so a fallback never sends the request to the
     // same place twice (local → cloud → local → … cannot happen).
     let mut tried: Vec<Target> = Vec::new();
@@ -243,6 +259,7 @@ pub async fn dispatch(decided: Decided) -> Result<Served, Failure> {
             return ctx.answer(run, FirstEvent::Ended(Err(failure))).await;
         }
         tried.push(target.clone());
+        ctx.hops = tried.len();
         if target.kind() == TargetKind::Local
             && let Some(failure) = ctx.too_long_for_local()
         {
@@ -281,6 +298,20 @@ pub async fn dispatch(decided: Decided) -> Result<Served, Failure> {
             None => return ctx.answer(run, FirstEvent::Ended(Err(failure))).await,
         }
     }
+}
+
+/// The first cloud target a policy's plan names, if any.
+fn named_cloud(decision: &Result<Decision, PolicyFailure>) -> Option<Target> {
+    let plan = &decision.as_ref().ok()?.choice;
+    let targets = match plan {
+        Choice::Run(target) => vec![target],
+        Choice::Cascade(c) => vec![&c.first, &c.then],
+        Choice::Reject(_) => vec![],
+    };
+    targets
+        .into_iter()
+        .find(|t| t.kind() == TargetKind::Cloud)
+        .cloned()
 }
 
 /// `model` may name a configured local model, an upstream, or `auto`;
@@ -337,20 +368,64 @@ impl Context {
 
     fn launch(&self, target: Target, reason: String) -> Run {
         let cache = self.extracted.cache.clone();
+        let taint = self.taint(&reason);
         Run::launch(
             &self.node,
             target,
             reason,
             self.chat_request(),
-            self.taint(),
+            taint,
             cache,
         )
     }
 
-    fn taint(&self) -> Taint {
+    fn taint(&self, reason: &str) -> Taint {
         Taint {
             request_id: self.request.id.clone(),
             may_leave: self.facts().may_leave,
+            policy: self.policy.id.clone(),
+            reason: reason.to_string(),
+            sensitivity: self.facts().sensitivity.name(),
+            prompt_tokens: self.features().prompt_tokens,
+        }
+    }
+
+    /// The policy named a cloud target for a request that may not leave:
+    /// the guard keeps it on the node, and the audit log says so.
+    fn audit_refused_by_guard(&self, cloud: &Target) {
+        let audit = &self.node.cloud.audit;
+        let mut record = audit.record(
+            crate::audit::Event::Refused,
+            &self.taint(&self.decision_reason()),
+            &cloud.to_string(),
+        );
+        record.refused_by = Some("guard");
+        audit.write(&record);
+    }
+
+    /// The policy's plan, as the audit names it.
+    fn decision_reason(&self) -> String {
+        format!("policy chose {}", self.decision.0)
+    }
+
+    /// Which class of reason put the answer on `served_by`.
+    fn reason_class(&self, served_by: Option<&Target>) -> ReasonClass {
+        let Some(served) = served_by else {
+            return ReasonClass::Refused;
+        };
+        let (plan, served) = (self.decision.0.as_str(), served.to_string());
+        if plan == "failed" {
+            return ReasonClass::PolicyFailure;
+        }
+        let (first, then) = plan.split_once('→').unwrap_or((plan, ""));
+        if served == first && self.hops <= 1 {
+            ReasonClass::Policy
+        } else if served == then && self.judged.is_some() {
+            ReasonClass::Escalated
+        } else if self.hops > 1 {
+            ReasonClass::Fallback
+        } else {
+            ReasonClass::Override
         }
     }
 
@@ -427,7 +502,8 @@ impl Context {
     }
 
     async fn refused(&self, refused: Refused) -> Failure {
-        self.finish_request(None, false, Usage::default(), None)
+        self.node.metrics.refusal(refused.cause.code());
+        self.finish_request(None, false, Usage::default(), None, None)
             .await;
         let mut route = self.route(None, refused.reason.clone());
         if let edgeroute_core::Refusal::LocalBusy { .. } = refused.cause {
@@ -573,7 +649,7 @@ impl Context {
                 .observe_speed(name, ttft, total, usage.completion_tokens);
         }
         let confidence = self.judged.or_else(|| run.confidence());
-        self.finish_request(Some(&run.target), ok, usage, confidence)
+        self.finish_request(Some(&run.target), ok, usage, confidence, run.first_text)
             .await;
     }
 
@@ -583,9 +659,20 @@ impl Context {
         ok: bool,
         usage: Usage,
         confidence: Option<f32>,
+        first_text: Option<Instant>,
     ) {
-        let latency_ms = self.started.elapsed().as_secs_f64() * 1e3;
+        let took = self.started.elapsed();
+        let latency_ms = took.as_secs_f64() * 1e3;
         let (usage, cost_usd) = self.record_leg(served_by, ok, usage, Leg::Answer, confidence);
+        self.node.metrics.request(&crate::metrics::Finished {
+            placement: served_by.map(Target::kind),
+            reason: self.reason_class(served_by),
+            sensitivity: self.facts().sensitivity.name(),
+            ok,
+            duration: took,
+            first_text: first_text.map(|t| t.duration_since(self.started)),
+            completion_tokens: usage.completion_tokens,
+        });
         let served = crate::policy::convert::served_by(served_by);
         tracing::info!(
             request_id = %self.request.id,

@@ -61,15 +61,26 @@ pub fn wasi(env: &[(&str, &str)]) -> WasiCtx {
 pub struct MemoryCap {
     limit: usize,
     current: usize,
+    /// A growth past the limit was refused since this store began (what
+    /// a trap that follows usually comes from).
+    denied: bool,
 }
 
 impl MemoryCap {
     pub fn new(limit: usize) -> Self {
-        Self { limit, current: 0 }
+        Self {
+            limit,
+            current: 0,
+            denied: false,
+        }
     }
 
     pub fn current(&self) -> usize {
         self.current
+    }
+
+    pub fn denied(&self) -> bool {
+        self.denied
     }
 }
 
@@ -81,6 +92,7 @@ impl ResourceLimiter for MemoryCap {
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
         if desired > self.limit {
+            self.denied = true;
             return Ok(false);
         }
         self.current = desired;

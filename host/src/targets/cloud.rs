@@ -4,15 +4,17 @@
 //! stays in the host, which adds it to the requests the guard lets out.
 
 use super::{Job, TargetFailure, TargetResult, trapped};
+use crate::audit::Event;
 use crate::bindings::target::TargetPre;
 use crate::config::UpstreamConfig;
-use crate::egress::{self, Credential, EgressAudit, EgressHooks};
+use crate::egress::{self, CallMeter, Credential, EgressAudit, EgressHooks};
 use crate::runtime::roles::cloud_fetch::{self, CloudState};
 use crate::runtime::roles::{self, Role};
 use crate::runtime::{self, NO_DEADLINE, Sink};
 use anyhow::Context;
 use edgeroute_core::{Estimate, Features, Speed};
 use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use wasmtime::component::ResourceTable;
@@ -59,12 +61,19 @@ pub struct CloudTarget {
     pub audit: Arc<EgressAudit>,
 }
 
-/// Whether the client request behind a cloud call may leave the node; the
-/// egress guard checks it on every outgoing HTTP request.
-#[derive(Debug, Clone)]
+/// The client request behind a cloud call, as the egress guard sees it:
+/// whether it may leave the node (checked on every outgoing HTTP request),
+/// and what the audit log records about it (never its text).
+#[derive(Debug, Clone, Default)]
 pub struct Taint {
     pub request_id: String,
     pub may_leave: bool,
+    /// The policy version that placed it, and why.
+    pub policy: String,
+    pub reason: String,
+    pub sensitivity: &'static str,
+    /// As the node counted them (an upstream's own count wins when given).
+    pub prompt_tokens: u32,
 }
 
 impl CloudTarget {
@@ -73,6 +82,7 @@ impl CloudTarget {
         fetcher: &[u8],
         upstreams: &[UpstreamConfig],
         timeout: Duration,
+        audit_log: Option<crate::audit::AuditLog>,
     ) -> anyhow::Result<Self> {
         let component = roles::compile(engine, fetcher, Role::CloudFetch, "cloud-fetch")?;
         let pre = TargetPre::new(cloud_fetch::linker(engine)?.instantiate_pre(&component)?)?;
@@ -96,7 +106,7 @@ impl CloudTarget {
             upstreams: by_name,
             allowed_hosts: Arc::new(allowed),
             timeout,
-            audit: Arc::default(),
+            audit: Arc::new(EgressAudit::with_log(audit_log)),
         })
     }
 
@@ -135,6 +145,9 @@ impl CloudTarget {
             .ok_or_else(|| TargetFailure::Unavailable(format!("no upstream named '{upstream}'")))?;
         job.request.model = upstream.config.model.clone();
         let env = guest_env(upstream);
+        let call = Arc::new(CallMeter::default());
+        let target = format!("cloud:{}", upstream.config.name);
+        let audited = taint.clone();
         let mut store = Store::new(
             &self.engine,
             CloudState {
@@ -143,16 +156,17 @@ impl CloudTarget {
                 http: WasiHttpCtx::new(),
                 hooks: EgressHooks {
                     allowed_hosts: self.allowed_hosts.clone(),
-                    may_leave: taint.may_leave,
-                    request_id: taint.request_id,
+                    taint,
+                    target: target.clone(),
                     audit: self.audit.clone(),
+                    call: call.clone(),
                     credential: upstream.credential.clone(),
                 },
                 sink: Sink { tx: job.stream },
             },
         );
         store.set_epoch_deadline(NO_DEADLINE);
-        let call = async {
+        let calling = async {
             let target = self
                 .pre
                 .instantiate_async(&mut store)
@@ -165,14 +179,36 @@ impl CloudTarget {
                 .map_err(trapped)?
                 .map_err(TargetFailure::from)
         };
-        let result = match tokio::time::timeout(self.timeout, call).await {
+        let result = match tokio::time::timeout(self.timeout, calling).await {
             Ok(result) => result,
             Err(_) => Err(TargetFailure::Timeout(self.timeout.as_millis() as u64)),
         };
+        self.audit_call(&call, &audited, &target, &result);
         match &upstream.credential {
             Some(credential) => result.map_err(|failure| redact(failure, credential)),
             None => result,
         }
+    }
+}
+
+impl CloudTarget {
+    /// One audit line for a call that got past the egress guard: its data
+    /// left, whether or not the upstream answered.
+    fn audit_call(&self, call: &CallMeter, taint: &Taint, target: &str, result: &TargetResult) {
+        if call.sends.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut record = self.audit.record(Event::Egress, taint, target);
+        record.host = call.host.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        record.bytes_sent = call.bytes.load(Ordering::Relaxed);
+        if let Ok(completion) = result {
+            record.ok = true;
+            if completion.usage.prompt_tokens > 0 {
+                record.prompt_tokens = completion.usage.prompt_tokens;
+            }
+            record.completion_tokens = completion.usage.completion_tokens;
+        }
+        self.audit.write(&record);
     }
 }
 
@@ -256,7 +292,8 @@ mod tests {
             "/cloud_fetch_snoop.wasm"
         ))
         .unwrap();
-        let target = CloudTarget::new(&engine, &snoop, &[config], Duration::from_secs(30)).unwrap();
+        let target =
+            CloudTarget::new(&engine, &snoop, &[config], Duration::from_secs(30), None).unwrap();
         let job = Job {
             request: crate::bindings::target::ChatRequest {
                 model: String::new(),
@@ -274,6 +311,7 @@ mod tests {
         let taint = Taint {
             request_id: "snoop".into(),
             may_leave: true,
+            ..Taint::default()
         };
         let report = target.generate("snooped", job, taint).await.unwrap().text;
         assert!(!report.contains(key), "the guest found the key: {report}");

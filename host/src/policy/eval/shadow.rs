@@ -7,6 +7,7 @@ use crate::policy::convert::label;
 use edgeroute_core::{Decision, Features, PolicyFailure};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 #[derive(Default)]
@@ -25,7 +26,13 @@ pub struct Shadow {
 }
 
 #[derive(Default)]
-pub struct ShadowSlot(RwLock<Option<Arc<Shadow>>>);
+pub struct ShadowSlot {
+    slot: RwLock<Option<Arc<Shadow>>>,
+    /// Over every candidate since the node started (`/metrics` counters
+    /// must not go back when a candidate is replaced).
+    compared: AtomicU64,
+    agreed: AtomicU64,
+}
 
 impl ShadowSlot {
     pub fn set(&self, version: Option<Arc<PolicyVersion>>) {
@@ -35,20 +42,30 @@ impl ShadowSlot {
                 tally: Mutex::default(),
             })
         });
-        *self.0.write().unwrap_or_else(|p| p.into_inner()) = shadow;
+        *self.slot.write().unwrap_or_else(|p| p.into_inner()) = shadow;
     }
 
     pub fn get(&self) -> Option<Arc<Shadow>> {
-        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.slot.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// (compared, agreed) over every candidate so far.
+    pub fn counts(&self) -> (u64, u64) {
+        (
+            self.compared.load(Ordering::Relaxed),
+            self.agreed.load(Ordering::Relaxed),
+        )
     }
 
     /// Run the candidate on the same features off the request path.
-    pub fn compare(&self, features: &Features, live: &Result<Decision, PolicyFailure>) {
+    pub fn compare(self: &Arc<Self>, features: &Features, live: &Result<Decision, PolicyFailure>) {
         let Some(shadow) = self.get() else { return };
-        let (features, live) = (features.clone(), label(live));
+        let (features, live, slot) = (features.clone(), label(live), self.clone());
         tokio::spawn(async move {
             let candidate = label(&shadow.version.route(&features).await);
             let agreed = candidate == live;
+            slot.compared.fetch_add(1, Ordering::Relaxed);
+            slot.agreed.fetch_add(agreed as u64, Ordering::Relaxed);
             let mut t = shadow.tally.lock().unwrap_or_else(|p| p.into_inner());
             t.compared += 1;
             t.agreed += agreed as u64;

@@ -17,7 +17,13 @@
 #
 # Each file is checked (GGUF magic, plausible size, sha256 from
 # scripts/models.sha256) before it is moved into models/ (git-ignored).
-# Re-running is cheap: a model that is already present and verifies is skipped.
+# Re-running is cheap: a model that is already present and verifies is skipped
+# (one line says so).
+#
+# Downloads report progress (bytes done / total, percent, rate, ETA) also when
+# stdout is not a terminal, e.g. in CI logs: pip runs under
+# scripts/progress.py, which prints a line every few seconds (on a terminal,
+# one line updated in place); see that file for how.
 #
 # Usage: scripts/fetch-models.sh [--gemma] [--no-embedding] [--models-dir DIR]
 #   --gemma           also fetch Gemma-3-270M Q4_K_M (~250 MB)
@@ -133,9 +139,8 @@ verify() {
 already_present() {
     local dest="$MODELS_DIR/$1" why
     [[ -e "$dest" ]] || return 1
-    step "$1: found $dest, verifying"
     if why="$(verify "$dest" "$1")"; then
-        step "$1: ok (already present, verified) -- skipping download"
+        step "$1: already present and verified ($dest) -- no download"
         return 0
     fi
     step "$1: existing file is bad ($why); fetching it again"
@@ -154,12 +159,20 @@ install_verified() {
     step "$name: installed at $dest ($(wc -c <"$dest" | tr -d ' ') bytes)"
 }
 
+# with_progress PIP-ARGS...: run `$PYTHON -m pip PIP-ARGS...` under
+# scripts/progress.py, which prints download progress that CI logs show too
+# (pip's own bar is drawn on terminals only, so it is turned off).
+with_progress() {
+    "$PYTHON" "$ROOT/scripts/progress.py" --prefix "[fetch-models]" --interval 3 -- \
+        "$PYTHON" -m pip "$@" --progress-bar off
+}
+
 # pip_download DIR PACKAGE...: download wheels only, no dependencies.
 pip_download() {
     local dir="$1"
     shift
     step "pip download --no-deps $*"
-    "$PYTHON" -m pip download --no-deps --only-binary=:all: --disable-pip-version-check \
+    with_progress download --no-deps --only-binary=:all: --disable-pip-version-check \
         -d "$dir" "$@" || die "pip download failed for: $*"
 }
 
@@ -234,8 +247,8 @@ fetch_embedding() {
 
     deps="$dl/pydeps"
     step "installing the converter's pinned dependencies into $deps"
-    PIP_ROOT_USER_ACTION=ignore "$PYTHON" -m pip install --no-deps --only-binary=:all: --disable-pip-version-check \
-        --no-warn-script-location --quiet --target "$deps" \
+    PIP_ROOT_USER_ACTION=ignore with_progress install --no-deps --only-binary=:all: --disable-pip-version-check \
+        --no-warn-script-location --target "$deps" \
         -r "$ROOT/scripts/embedding-requirements.txt" ||
         die "pip install failed for scripts/embedding-requirements.txt"
 

@@ -5,8 +5,9 @@
 //! sent. On by default (`[audit]`), appended to a file under the state
 //! directory and rotated by size (`FILE` → `FILE.1` → … → `FILE.KEEP`).
 //!
-//! Lines are written synchronously, one `write` each, so a line is on disk
-//! (in the page cache) before the request that caused it is answered.
+//! A request only queues its record; a background thread writes the queue
+//! in order every 50 ms, one `write` per line, and the node flushes it
+//! before it exits.
 
 use crate::config::AuditConfig;
 use anyhow::Context;
@@ -14,8 +15,8 @@ use serde::Serialize;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// What happened at the egress boundary.
 #[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
@@ -60,16 +61,43 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-struct Open {
+/// The file and its size; only the writer thread touches it.
+struct Writer {
+    path: PathBuf,
+    max_bytes: u64,
+    keep: u32,
     file: File,
     size: u64,
 }
 
+/// Records queued by requests, written by the flusher thread.
+struct Shared {
+    pending: Mutex<Vec<Record>>,
+    writer: Mutex<Writer>,
+}
+
+impl Shared {
+    /// Write everything queued so far, in order.
+    fn drain(&self) {
+        let mut writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let records = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
+        for record in &records {
+            writer.write(record);
+        }
+    }
+}
+
+/// How often the flusher writes what requests queued. A request only
+/// pushes its record under a lock (no file write, no thread wake-up); the
+/// price is that a line reaches the file up to this long after its request.
+const FLUSH_EVERY: Duration = Duration::from_millis(50);
+/// Beyond this many queued lines (a stalled disk) a request writes the
+/// queue itself rather than letting it grow: an audit log drops nothing.
+const MAX_PENDING: usize = 65_536;
+
 pub struct AuditLog {
     path: PathBuf,
-    max_bytes: u64,
-    keep: u32,
-    open: Mutex<Open>,
+    shared: Arc<Shared>,
 }
 
 impl AuditLog {
@@ -83,6 +111,65 @@ impl AuditLog {
     }
 
     pub fn open(path: &Path, max_bytes: u64, keep: u32) -> anyhow::Result<Self> {
+        let shared = Arc::new(Shared {
+            pending: Mutex::default(),
+            writer: Mutex::new(Writer::open(path, max_bytes, keep)?),
+        });
+        // The thread holds only a weak reference: it ends with the log.
+        let weak = Arc::downgrade(&shared);
+        std::thread::Builder::new()
+            .name("egress-audit".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(FLUSH_EVERY);
+                    match weak.upgrade() {
+                        Some(shared) => shared.drain(),
+                        None => return,
+                    }
+                }
+            })
+            .context("cannot start the audit log writer")?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            shared,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Queue one line. The egress decision was already made by the guard;
+    /// writing it never fails a request.
+    pub fn write(&self, record: Record) {
+        let backlog = {
+            let mut pending = self
+                .shared
+                .pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            pending.push(record);
+            pending.len()
+        };
+        if backlog >= MAX_PENDING {
+            self.shared.drain();
+        }
+    }
+
+    /// Write every line queued so far.
+    pub fn flush(&self) {
+        self.shared.drain();
+    }
+}
+
+impl Drop for AuditLog {
+    fn drop(&mut self) {
+        self.shared.drain();
+    }
+}
+
+impl Writer {
+    fn open(path: &Path, max_bytes: u64, keep: u32) -> anyhow::Result<Self> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)
                 .with_context(|| format!("cannot create the audit log folder {}", dir.display()))?;
@@ -93,17 +180,12 @@ impl AuditLog {
             path: path.to_path_buf(),
             max_bytes: max_bytes.max(1),
             keep,
-            open: Mutex::new(Open { file, size }),
+            file,
+            size,
         })
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Append one line. A failure to write is logged, never fatal to the
-    /// request: the egress decision was already made by the guard.
-    pub fn write(&self, record: &Record) {
+    fn write(&mut self, record: &Record) {
         let mut line = match serde_json::to_vec(record) {
             Ok(line) => line,
             Err(e) => {
@@ -112,15 +194,16 @@ impl AuditLog {
             }
         };
         line.push(b'\n');
-        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-        if open.size > 0
-            && open.size + line.len() as u64 > self.max_bytes
-            && let Err(e) = self.rotate(&mut open)
+        if self.size > 0
+            && self.size + line.len() as u64 > self.max_bytes
+            && let Err(e) = self.rotate()
         {
             tracing::error!(error = %format!("{e:#}"), path = %self.path.display(), "cannot rotate the audit log");
         }
-        match open.file.write_all(&line) {
-            Ok(()) => open.size += line.len() as u64,
+        // One `write` per line (append mode), so a reader never sees half
+        // a line from us.
+        match self.file.write_all(&line) {
+            Ok(()) => self.size += line.len() as u64,
             Err(e) => {
                 tracing::error!(error = %e, path = %self.path.display(), "cannot write the audit log")
             }
@@ -129,7 +212,7 @@ impl AuditLog {
 
     /// `FILE.{keep-1}` → `FILE.{keep}`, …, `FILE` → `FILE.1`, and a new
     /// `FILE`; the oldest beyond `keep` is dropped.
-    fn rotate(&self, open: &mut Open) -> anyhow::Result<()> {
+    fn rotate(&mut self) -> anyhow::Result<()> {
         let numbered = |n: u32| PathBuf::from(format!("{}.{n}", self.path.display()));
         if self.keep == 0 {
             std::fs::remove_file(&self.path).ok();
@@ -141,8 +224,8 @@ impl AuditLog {
             }
             std::fs::rename(&self.path, numbered(1))?;
         }
-        open.file = append(&self.path)?;
-        open.size = 0;
+        self.file = append(&self.path)?;
+        self.size = 0;
         Ok(())
     }
 }
@@ -192,8 +275,9 @@ mod tests {
         // Room for two lines per file, two rotated files kept.
         let log = AuditLog::open(&path, 2 * one, 2).unwrap();
         for i in 0..7 {
-            log.write(&record(&format!("r-{i}")));
+            log.write(record(&format!("r-{i}")));
         }
+        log.flush();
         let ids = |p: &Path| -> Vec<String> {
             lines(p)
                 .iter()
@@ -215,7 +299,8 @@ mod tests {
         // A reopened log continues the file and its size.
         drop(log);
         let log = AuditLog::open(&path, 2 * one, 2).unwrap();
-        log.write(&record("r-7"));
+        log.write(record("r-7"));
+        log.flush();
         assert_eq!(ids(&path), ["r-6", "r-7"]);
         std::fs::remove_dir_all(&dir).ok();
     }

@@ -52,6 +52,18 @@ impl Default for AuditConfig {
 }
 
 impl Config {
+    /// The first upstream's prices: what the ledger values local answers at.
+    pub fn reference_prices(&self) -> edgeroute_core::Prices {
+        self.cloud
+            .upstreams
+            .first()
+            .map(|u| edgeroute_core::Prices {
+                usd_per_mtok_in: u.usd_per_mtok_in,
+                usd_per_mtok_out: u.usd_per_mtok_out,
+            })
+            .unwrap_or_default()
+    }
+
     /// Where logs that are on by default go: `[node] state_dir`, else the
     /// user's state folder (never the folder the node was started from).
     pub fn state_dir_or_default(&self) -> PathBuf {

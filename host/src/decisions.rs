@@ -31,6 +31,10 @@ pub struct Decided {
     pub decision: String,
     pub propensity: Option<f32>,
     pub outcome: Logged,
+    /// When the request finished, in Unix milliseconds (logs written
+    /// before it was recorded have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_ms: Option<u64>,
 }
 
 /// The outcome as the log keeps it.

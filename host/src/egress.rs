@@ -55,7 +55,7 @@ impl EgressAudit {
         }
     }
 
-    pub fn write(&self, record: &Record) {
+    pub fn write(&self, record: Record) {
         if let Some(log) = &self.log {
             log.write(record);
         }
@@ -207,7 +207,7 @@ impl WasiHttpHooks for EgressHooks {
             let mut record = self.audit.record(Event::Refused, &self.taint, &self.target);
             record.host = Some(authority);
             record.refused_by = Some("egress");
-            self.audit.write(&record);
+            self.audit.write(record);
             return Box::new(async { Err(HttpError::HttpRequestDenied) });
         }
         self.audit.allowed.fetch_add(1, Ordering::Relaxed);

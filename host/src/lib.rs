@@ -25,6 +25,7 @@ pub mod nn;
 pub mod node;
 pub mod policy;
 pub mod reload;
+pub mod report;
 pub mod router;
 pub mod runtime;
 pub mod serve;

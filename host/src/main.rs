@@ -59,6 +59,18 @@ enum Command {
         #[command(flatten)]
         options: edgeroute::bench::Options,
     },
+    /// Turn a ledger snapshot (`GET /ledger`) or a decision log into a
+    /// self-contained HTML traffic report with plots.
+    Report {
+        /// A ledger snapshot (JSON) or a decision log (JSON lines).
+        input: PathBuf,
+        #[arg(short, long, default_value = "edgeroute-report.html")]
+        output: PathBuf,
+        /// The node's config: its first upstream's prices value the local
+        /// answers of a decision log.
+        #[arg(long, env = "EDGEROUTE_CONFIG")]
+        config: Option<PathBuf>,
+    },
     /// Check a policy component offline, or manage a running node's policy.
     Policy {
         #[command(subcommand)]
@@ -129,6 +141,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     "off"
                 },
             );
+            eprintln!(
+                "dashboard: http://{addr}/dashboard; metrics: http://{addr}/metrics; egress audit log: {}",
+                node.cloud
+                    .audit
+                    .log
+                    .as_ref()
+                    .map_or_else(|| "off".to_string(), |log| log.path().display().to_string()),
+            );
             edgeroute::reload::spawn(&node);
             let limits = &node.config.limits;
             let serve_limits = edgeroute::serve::ServeLimits {
@@ -144,11 +164,37 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             )
             .await?;
             node.policy.persist().await;
+            if let Some(log) = &node.cloud.audit.log {
+                log.flush();
+            }
             Ok(())
         }
         Command::Bench { node, options } => {
             let config = load_config(&node)?;
             edgeroute::bench::run(config, options).await
+        }
+        Command::Report {
+            input,
+            output,
+            config,
+        } => {
+            let prices = match config {
+                Some(path) => Some(Config::load(&path)?.reference_prices()),
+                None => None,
+            };
+            let written = edgeroute::report::run(&input, &output, prices)?;
+            println!(
+                "wrote {}: {} requests in {} buckets, from a {}",
+                output.display(),
+                written.requests,
+                written.buckets,
+                if written.from_log {
+                    "decision log"
+                } else {
+                    "ledger snapshot"
+                }
+            );
+            Ok(())
         }
         Command::Policy { command } => edgeroute::cli::policy(command).await,
     }

@@ -16,7 +16,7 @@ use crate::targets::cloud::CloudTarget;
 use crate::targets::local::LocalTarget;
 use crate::{components, runtime};
 use anyhow::bail;
-use edgeroute_core::{Prices, TargetKind};
+use edgeroute_core::TargetKind;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -133,15 +133,7 @@ impl Node {
         )?;
         let policy =
             PolicyHost::new(&engine, &config.policy, config.node.state_dir.clone()).await?;
-        let reference = config
-            .cloud
-            .upstreams
-            .first()
-            .map(|u| Prices {
-                usd_per_mtok_in: u.usd_per_mtok_in,
-                usd_per_mtok_out: u.usd_per_mtok_out,
-            })
-            .unwrap_or_default();
+        let reference = config.reference_prices();
         Ok(Arc::new(Node {
             policy,
             shadow: Arc::default(),

@@ -97,12 +97,24 @@ fn promtool_passes(text: &str) {
     );
 }
 
-fn audit_lines(node: &Node) -> Vec<Value> {
-    std::fs::read_to_string(node.audit_log())
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("audit line {l:?}: {e}")))
-        .collect()
+/// The audit log's lines once it has `expected` of them. A background
+/// thread writes them (in order) right after the requests that queued
+/// them; a second read a moment later catches any line too many.
+#[track_caller]
+fn audit_lines(node: &Node, expected: usize) -> Vec<Value> {
+    let read = || -> Vec<Value> {
+        std::fs::read_to_string(node.audit_log())
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("audit line {l:?}: {e}")))
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while read().len() < expected && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    read()
 }
 
 fn metrics(node: &Node) -> (String, BTreeMap<String, f64>) {
@@ -121,7 +133,12 @@ fn metrics(node: &Node) -> (String, BTreeMap<String, f64>) {
 #[test]
 fn metrics_and_the_audit_log_account_for_every_request_of_a_burst() {
     let cloud = FakeCloud::start();
-    let node = EDGEROUTE.start(&cloud);
+    let decisions = std::env::temp_dir().join(format!("{}.jsonl", unique("decisions")));
+    let node = EDGEROUTE
+        .node(&cloud)
+        .arg("--decision-log")
+        .arg(decisions.display().to_string())
+        .start();
     let canary = unique("auditcanary");
 
     // Two short public prompts (local), one long public one, streamed (the
@@ -235,7 +252,7 @@ fn metrics_and_the_audit_log_account_for_every_request_of_a_burst() {
 
     // Exactly one audit line: the cloud call, with what went out and none
     // of the text.
-    let lines = audit_lines(&node);
+    let lines = audit_lines(&node, 1);
     assert_eq!(lines.len(), 1, "{lines:#?}");
     let line = &lines[0];
     let sent = cloud.chat_requests();
@@ -254,6 +271,26 @@ fn metrics_and_the_audit_log_account_for_every_request_of_a_burst() {
         !raw.contains(&canary),
         "the audit log holds prompt text: {raw}"
     );
+
+    // The traffic report from the same node's decision log counts the same
+    // requests: 3 local, 1 cloud, 1 refused, nothing escalated.
+    let report = node.dir().join("report.html");
+    let out = EDGEROUTE
+        .command()
+        .arg("report")
+        .arg(&decisions)
+        .arg("--output")
+        .arg(&report)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let html = std::fs::read_to_string(&report).unwrap();
+    assert!(
+        html.contains("<td>3</td><td>1</td><td>1</td><td>0</td>"),
+        "{html}"
+    );
+    assert!(html.contains("<svg") && !html.contains(&canary));
+    std::fs::remove_file(&decisions).ok();
 }
 
 #[test]
@@ -279,7 +316,7 @@ fn a_refused_egress_and_a_policy_trap_are_counted_and_audited() {
     assert_eq!(cloud.chat_requests().len(), 1, "{}", cloud.describe());
     cloud.assert_received(&format!("{canary} payroll"), 0);
 
-    let lines = audit_lines(&node);
+    let lines = audit_lines(&node, 2);
     let events: Vec<(&str, Option<&str>)> = lines
         .iter()
         .map(|l| (l["event"].as_str().unwrap(), l["refused_by"].as_str()))
@@ -339,7 +376,7 @@ fn a_refused_egress_and_a_policy_trap_are_counted_and_audited() {
         "{text}"
     );
     assert!(
-        audit_lines(&node).is_empty(),
+        audit_lines(&node, 0).is_empty(),
         "a local answer is not egress"
     );
 }

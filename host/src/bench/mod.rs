@@ -8,6 +8,7 @@
 mod chain;
 mod detection;
 mod embedding;
+mod observability;
 mod upstream;
 
 use crate::bindings::target::{ChatRequest, Message};
@@ -41,6 +42,10 @@ pub struct Options {
     /// Run only the detection benchmark.
     #[arg(long)]
     pub detection_only: bool,
+    /// Only the policy call and what metrics and the audit log add to a
+    /// request.
+    #[arg(long)]
+    pub observability_only: bool,
     /// The labelled detection set to score the detector on.
     #[arg(long, default_value = "tests/detection/eval.jsonl")]
     pub detection_set: std::path::PathBuf,
@@ -144,6 +149,34 @@ fn median(mut values: Vec<f64>) -> f64 {
     values[values.len() / 2]
 }
 
+/// The policy call on its own, on the features the pipeline extracts.
+async fn policy_route(
+    node: &Arc<Node>,
+    n: u32,
+) -> anyhow::Result<(Spread, edgeroute_core::Features)> {
+    let signals = Signals::default();
+    let body = serde_json::json!({ "model": "auto", "messages": [{ "role": "user", "content": "Classify: the parcel arrived broken." }], "max_tokens": 16 }).to_string();
+    let features = router::decide(node, body.as_bytes(), &signals, "bench".into(), 0)
+        .await
+        .map_err(|e| anyhow::anyhow!("the bench request was refused: {e:?}"))?
+        .features()
+        .clone();
+    let mut calls = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        let t = Instant::now();
+        let _ = std::hint::black_box(node.policy.route(&features).await);
+        calls.push(t.elapsed());
+    }
+    let calls = Spread::of(calls);
+    println!(
+        "policy.route ({}, {n} calls): p50 {:.1} µs, p99 {:.1} µs",
+        node.policy.current().source,
+        calls.p50,
+        calls.p99
+    );
+    Ok((calls, features))
+}
+
 /// p50 and p99 of a set of timings, in microseconds.
 struct Spread {
     p50: f64,
@@ -190,6 +223,10 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
     }
     if options.chain_only {
         return chain::run(&node, &name, &options.chain).await;
+    }
+    if options.observability_only {
+        let (calls, _) = policy_route(&node, options.policy_calls).await?;
+        return observability::run(&node, calls.p99);
     }
     // The same tokens the wasi-nn path gets from these messages.
     let prompt = model.chat_tokens(&messages)?;
@@ -277,29 +314,11 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
         confidence_us / (1e6 / w_rate) * 100.0
     );
 
-    // The policy call on its own, on the features the pipeline extracts.
+    let (calls, features) = policy_route(&node, options.policy_calls).await?;
+    observability::run(&node, calls.p99)?;
     let signals = Signals::default();
     let body = serde_json::json!({ "model": "auto", "messages": [{ "role": "user", "content": "Classify: the parcel arrived broken." }], "max_tokens": 16 }).to_string();
     let decide = || router::decide(&node, body.as_bytes(), &signals, "bench".into(), 0);
-    let features = decide()
-        .await
-        .map_err(|e| anyhow::anyhow!("the bench request was refused: {e:?}"))?
-        .features()
-        .clone();
-    let mut calls = Vec::with_capacity(options.policy_calls as usize);
-    for _ in 0..options.policy_calls {
-        let t = Instant::now();
-        let _ = std::hint::black_box(node.policy.route(&features).await);
-        calls.push(t.elapsed());
-    }
-    let calls = Spread::of(calls);
-    println!(
-        "policy.route ({}, {} calls): p50 {:.1} µs, p99 {:.1} µs",
-        node.policy.current().source,
-        options.policy_calls,
-        calls.p50,
-        calls.p99
-    );
 
     // Swapping: the time to take a new version live, and what swaps in
     // the background do to the route latency measured above.

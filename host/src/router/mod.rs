@@ -400,7 +400,7 @@ impl Context {
             &cloud.to_string(),
         );
         record.refused_by = Some("guard");
-        audit.write(&record);
+        audit.write(record);
     }
 
     /// The policy's plan, as the audit names it.
@@ -710,6 +710,7 @@ impl Context {
                     decision: self.decision.0.clone(),
                     propensity: self.decision.1,
                     outcome: (&outcome).into(),
+                    at_ms: Some(crate::audit::now_ms()),
                 },
             )));
         }

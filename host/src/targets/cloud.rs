@@ -208,7 +208,7 @@ impl CloudTarget {
             }
             record.completion_tokens = completion.usage.completion_tokens;
         }
-        self.audit.write(&record);
+        self.audit.write(record);
     }
 }
 

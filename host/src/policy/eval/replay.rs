@@ -219,6 +219,7 @@ mod tests {
                 cost_micro_usd: cost,
                 confidence,
             },
+            at_ms: None,
         }
     }
 

@@ -165,6 +165,8 @@ fn tick(v: f64) -> String {
         format!("{v:.0}")
     } else if v.abs() >= 1.0 {
         format!("{v:.1}")
+    } else if v.abs() >= 0.01 {
+        format!("{v:.2}")
     } else {
         format!("{v:.4}")
     }

@@ -204,8 +204,9 @@ pub async fn decide(
     };
     if !ctx.facts().may_leave
         && let Some(cloud) = named_cloud(&decision)
+        && let Ok(decided) = &decision
     {
-        ctx.audit_refused_by_guard(&cloud);
+        ctx.audit_refused_by_guard(&cloud, &decided.reason);
     }
     let placement = ctx.with_view(|view| guard::place(decision, &ctx.extracted.facts, view));
     Ok(Decided { ctx, placement })
@@ -392,20 +393,16 @@ impl Context {
 
     /// The policy named a cloud target for a request that may not leave:
     /// the guard keeps it on the node, and the audit log says so.
-    fn audit_refused_by_guard(&self, cloud: &Target) {
+    fn audit_refused_by_guard(&self, cloud: &Target, policy_reason: &str) {
         let audit = &self.node.cloud.audit;
+        let reason = format!("policy chose {}: {policy_reason}", self.decision.0);
         let mut record = audit.record(
             crate::audit::Event::Refused,
-            &self.taint(&self.decision_reason()),
+            &self.taint(&reason),
             &cloud.to_string(),
         );
         record.refused_by = Some("guard");
         audit.write(record);
-    }
-
-    /// The policy's plan, as the audit names it.
-    fn decision_reason(&self) -> String {
-        format!("policy chose {}", self.decision.0)
     }
 
     /// Which class of reason put the answer on `served_by`.
@@ -691,7 +688,7 @@ impl Context {
             ok,
             latency_ms: latency_ms as u32,
             usage,
-            cost_micro_usd: (cost_usd * 1e6) as u64,
+            cost_micro_usd: (cost_usd * 1e6).round() as u64,
             confidence,
             feedback: None,
         };

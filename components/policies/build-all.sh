@@ -11,7 +11,7 @@
 # is built by the host's build (host/build.rs).
 #
 # Every component is checked against the routing policy's allowed imports
-# (wasi:cli, clocks, random, io, logging, wasi:nn, edgeroute:routing/types);
+# (wasi:cli, clocks, random, io, edgeroute:routing/types and /host: the node's ALLOWED);
 # the build fails if one imports more.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

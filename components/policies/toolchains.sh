@@ -124,7 +124,7 @@ ensure_c_tools() {
 }
 
 # The imports a routing policy may have (the host's capabilities check).
-POLICY_IMPORTS_ALLOWED='^(wasi:cli/|wasi:clocks/|wasi:random/|wasi:io/|wasi:logging/|edgeroute:routing/types|wasi:nn/)'
+POLICY_IMPORTS_ALLOWED='^(wasi:cli/|wasi:clocks/|wasi:random/|wasi:io/|edgeroute:routing/types|edgeroute:routing/host)'
 
 # policy_imports FILE: the interfaces the component imports, one a line.
 policy_imports() {

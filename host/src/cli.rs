@@ -17,15 +17,37 @@ pub enum PolicyCommand {
     /// conformance suite (exit status 1 when anything fails).
     Check {
         file: PathBuf,
-        /// Node configuration (policy parameters, deadline, targets).
-        #[arg(long, default_value = "runtime-config/edgeroute.toml")]
-        config: PathBuf,
+        /// Node configuration (policy parameters, deadline, targets);
+        /// default: the one built into edgeroute (runtime-config/edgeroute.toml).
+        #[arg(long)]
+        config: Option<PathBuf>,
         /// Also require the reference policy's decisions (for ports of it).
         #[arg(long)]
         reference: bool,
         /// Random requests to try.
         #[arg(long, default_value_t = 500)]
         cases: u32,
+    },
+    /// Write a ready-to-build policy project: sources, build script, the
+    /// WIT, a case file and a README.
+    New {
+        name: String,
+        #[arg(long, value_enum)]
+        lang: policy::template::Lang,
+        /// Where to create the project's folder.
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+    },
+    /// Run table-driven cases (JSON lines: features in, expected decision
+    /// or reason out, outcomes to observe in between) against a policy;
+    /// the last line reads `N passed, M failed` (exit status 1 when M > 0).
+    Test {
+        file: PathBuf,
+        cases: PathBuf,
+        /// Node configuration (policy parameters, targets); default: the
+        /// one built into edgeroute.
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
     /// Estimate how a candidate would have done, before anyone swaps it in.
     ///
@@ -130,7 +152,20 @@ pub async fn policy(command: PolicyCommand) -> anyhow::Result<()> {
             config,
             reference,
             cases,
-        } => check(file, config, reference, cases).await,
+        } => check(file, load(config.as_deref())?, reference, cases).await,
+        PolicyCommand::Test {
+            file,
+            cases,
+            config,
+        } => test(file, cases, load(config.as_deref())?).await,
+        PolicyCommand::New { name, lang, dir } => {
+            let project = policy::template::create(&name, lang, &dir)?;
+            println!("created {}:", project.display());
+            println!("  cd {} && bash build.sh", project.display());
+            println!("  edgeroute policy check policy.wasm");
+            println!("  edgeroute policy test policy.wasm cases.jsonl");
+            Ok(())
+        }
         PolicyCommand::Replay {
             log,
             file,
@@ -220,19 +255,70 @@ async fn replay_log(
     Ok(())
 }
 
-async fn check(file: PathBuf, config: PathBuf, reference: bool, cases: u32) -> anyhow::Result<()> {
-    let config = Config::load(&config)?;
+/// The config at `path`, or the default one built into the binary: a
+/// policy author can check a component from any folder.
+fn load(path: Option<&std::path::Path>) -> anyhow::Result<Config> {
+    match path {
+        Some(path) => Config::load(path),
+        None => Config::embedded(),
+    }
+}
+
+/// The last line of `check` and `test`: every check or case is either
+/// passed or failed, and a failure exits with status 1.
+fn tally(passed: usize, failed: usize) -> anyhow::Result<()> {
+    use std::io::Write;
+    println!("{passed} passed, {failed} failed");
+    std::io::stdout().flush()?;
+    if failed > 0 {
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+async fn test(file: PathBuf, cases: PathBuf, config: Config) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(&cases)
+        .with_context(|| format!("cannot read {}", cases.display()))?;
+    let bytes = std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
+    let engine = crate::runtime::engine()?;
+    println!("testing {} with {}", file.display(), cases.display());
+    let version = policy::admit(&engine, bytes, file.display().to_string(), &config.policy).await?;
+    let verdicts = policy::eval::cases::run(&version, &config, &text).await;
+    let mut failed = 0;
+    for verdict in &verdicts {
+        match &verdict.failure {
+            None => println!("  ok   {}", verdict.name),
+            Some(why) => {
+                failed += 1;
+                println!("  FAIL {}: {why}", verdict.name);
+            }
+        }
+    }
+    if verdicts.is_empty() {
+        bail!("{} holds no cases", cases.display());
+    }
+    tally(verdicts.len() - failed, failed)
+}
+
+async fn check(file: PathBuf, config: Config, reference: bool, cases: u32) -> anyhow::Result<()> {
     let bytes = std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
     let engine = crate::runtime::engine()?;
     println!("checking {} ({} bytes)", file.display(), bytes.len());
-    let version = policy::admit(&engine, bytes, file.display().to_string(), &config.policy).await?;
+    let version =
+        match policy::admit(&engine, bytes, file.display().to_string(), &config.policy).await {
+            Ok(version) => version,
+            Err(why) => {
+                println!("  FAIL admission: {why:#}");
+                return tally(0, 1);
+            }
+        };
     println!(
-        "  ok   compiles, imports only what a policy may, implements the policy world, passes the probe ({:.1} ms)",
+        "  ok   admission: compiles, imports only what a policy may, implements the policy world, passes the probe ({:.1} ms)",
         version.load_ms
     );
-    println!("  ok   stateful (snapshot/restore): {}", version.stateful);
+    println!("  info stateful (snapshot/restore): {}", version.stateful);
     println!(
-        "  ok   needs: {}",
+        "  info needs: {}",
         if version.needs.embedding {
             "the prompt embedding ([local.embedding] must be configured)"
         } else {
@@ -260,15 +346,12 @@ async fn check(file: PathBuf, config: PathBuf, reference: bool, cases: u32) -> a
         }
     }
     println!(
-        "memory per instance: {} KiB",
+        "  info memory per instance: {} KiB",
         version
             .memory_bytes
             .load(std::sync::atomic::Ordering::Relaxed)
             / 1024
     );
-    if failed > 0 {
-        bail!("{failed} of {} checks failed", findings.len());
-    }
-    println!("{} passed, 0 failed", findings.len() + 2);
-    Ok(())
+    // Admission is the first check.
+    tally(findings.len() + 1 - failed, failed)
 }

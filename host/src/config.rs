@@ -339,6 +339,17 @@ impl Default for Limits {
 }
 
 impl Config {
+    /// `runtime-config/edgeroute.toml` as built into the binary. Its
+    /// relative paths (the models) resolve against the current folder, so
+    /// it suits what needs names and parameters, not files (`policy check`).
+    pub fn embedded() -> anyhow::Result<Self> {
+        Self::parse(
+            include_str!("../../runtime-config/edgeroute.toml"),
+            Path::new("."),
+        )
+        .context("invalid built-in config")
+    }
+
     pub fn load(path: &Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read config file {}", path.display()))?;

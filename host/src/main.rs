@@ -109,6 +109,9 @@ async fn main() {
                 .unwrap_or_else(|_| default_filter.into()),
         )
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: a log file or a collector gets plain
+        // `key=value` text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     if let Err(error) = run(cli).await {
         eprintln!("edgeroute: {error:#}");

@@ -2,6 +2,8 @@
 //! a recording loopback "cloud" (`edgeroute-testkit`, crates/testkit). One
 //! test binary, a module per area:
 //!
+//! - `authoring`: `policy new` templates built and checked, `policy test`,
+//!   a C policy's log line;
 //! - `chat`: the OpenAI API, placement, the guard and fail-closed paths;
 //! - `dataset`: scoring a policy on a labelled dataset (APGR, baselines);
 //! - `embeddings`: `/v1/embeddings`, and the embedding a policy asks for;
@@ -18,6 +20,7 @@
 //! Needs the model (`./dev setup`, or `bash scripts/fetch-models.sh`) and the
 //! guest components built by `host/build.rs` (paths in [`components`]).
 
+mod authoring;
 mod chat;
 mod dataset;
 mod embeddings;

@@ -11,7 +11,8 @@
 //!
 //! Every node and policy check here runs under `exclusive()`: a Python or
 //! JavaScript policy takes seconds of both cores to load and must still
-//! answer `configure` within the 20 ms policy deadline, which it can miss
+//! answer `configure` within the 2 s start budget and every `route` within
+//! the 20 ms deadline, which it can miss
 //! beside another test's node (or another of these checks).
 
 use std::path::{Path, PathBuf};

@@ -11,7 +11,9 @@
 pub mod convert;
 pub mod eval;
 pub mod host;
+pub mod log;
 pub mod persist;
+pub mod template;
 pub mod version;
 
 pub use edgeroute_core::PolicyFailure;

@@ -5,6 +5,7 @@
 //! nothing of probes, history or swaps: see `host` and `eval`.
 
 use super::convert;
+use super::log::PolicyLog;
 use crate::bindings::{policy as wit1, policy_v2 as wit2};
 use crate::config::PolicyConfig;
 use crate::runtime::roles::policy::PolicyState;
@@ -134,6 +135,8 @@ pub struct PolicyVersion {
     failures_by_kind: [AtomicU64; 3],
     /// Linear memory of the current instance, in bytes.
     pub memory_bytes: AtomicUsize,
+    /// Its `host.log` lines, rate-limited across its instances.
+    log: PolicyLog,
     settings: Settings,
     engine: Engine,
     pre: World,
@@ -180,6 +183,7 @@ impl PolicyVersion {
             })?;
         let pre = World::of(instance_pre, &source)?;
         let mut version = Self {
+            log: PolicyLog::new(&id),
             id,
             source,
             loaded_at_unix: unix_now(),
@@ -226,6 +230,7 @@ impl PolicyVersion {
                 wasi: runtime::wasi(&[]),
                 table: ResourceTable::new(),
                 limits: runtime::MemoryCap::new(self.settings.memory_limit),
+                log: self.log.clone(),
             },
         );
         store.limiter(|s| &mut s.limits);

@@ -4,6 +4,7 @@
 //! log (`replay`), and scoring on a labelled dataset (`dataset`, with the
 //! curves of `curve`, run and drawn by `dataset_cli` and `plot`).
 
+pub mod cases;
 pub mod conformance;
 pub mod curve;
 pub mod dataset;

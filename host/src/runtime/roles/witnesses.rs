@@ -133,6 +133,11 @@ const WITNESSES: &[(&str, &str)] = &[
         r#"(import "edgeroute:routing/types@0.1.0" (instance))"#,
     ),
     (
+        "edgeroute:routing/host",
+        r#"(import "edgeroute:routing/host@0.2.0" (instance
+             (export "now-ms" (func (result u64)))))"#,
+    ),
+    (
         "edgeroute:routing/completion-types",
         r#"(import "edgeroute:routing/completion-types@0.1.0" (instance))"#,
     ),

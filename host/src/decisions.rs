@@ -50,6 +50,29 @@ pub struct Logged {
     pub confidence: Option<f32>,
 }
 
+impl Logged {
+    /// The outcome in the form a policy's `observe` takes; a `served_by`
+    /// that names no target reads as refused.
+    pub fn outcome(&self, request_id: &str, feedback: Option<f32>) -> Outcome {
+        Outcome {
+            request_id: request_id.to_string(),
+            served_by: self
+                .served_by
+                .as_deref()
+                .and_then(|s| s.parse::<edgeroute_core::Target>().ok()),
+            ok: self.ok,
+            latency_ms: self.latency_ms,
+            usage: edgeroute_core::Usage {
+                prompt_tokens: self.prompt_tokens,
+                completion_tokens: self.completion_tokens,
+            },
+            cost_micro_usd: self.cost_micro_usd,
+            confidence: self.confidence,
+            feedback,
+        }
+    }
+}
+
 impl From<&Outcome> for Logged {
     fn from(o: &Outcome) -> Self {
         Logged {

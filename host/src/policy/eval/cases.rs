@@ -19,9 +19,10 @@
 
 use super::conformance;
 use crate::config::Config;
+use crate::decisions::Logged;
 use crate::policy::PolicyVersion;
 use crate::policy::convert::label;
-use edgeroute_core::{Features, Outcome, Sensitivity, Target, Usage};
+use edgeroute_core::{Features, Outcome, Sensitivity, Target};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
@@ -111,27 +112,22 @@ fn features(config: &Config, overrides: &Map<String, Value>) -> Result<Features,
 }
 
 fn outcome(o: &Observed) -> Result<Outcome, String> {
-    let served_by = match &o.served_by {
-        Some(label) => Some(
-            label
-                .parse::<Target>()
-                .map_err(|e| format!("observe: served_by '{label}': {e}"))?,
-        ),
-        None => None,
-    };
-    Ok(Outcome {
-        request_id: "case".into(),
-        served_by,
+    // Checked here, so a misspelt target is an error, not a refusal.
+    if let Some(label) = &o.served_by {
+        label
+            .parse::<Target>()
+            .map_err(|e| format!("observe: served_by '{label}': {e}"))?;
+    }
+    let logged = Logged {
+        served_by: o.served_by.clone(),
         ok: o.ok,
         latency_ms: o.latency_ms,
-        usage: Usage {
-            prompt_tokens: o.prompt_tokens,
-            completion_tokens: o.completion_tokens,
-        },
+        prompt_tokens: o.prompt_tokens,
+        completion_tokens: o.completion_tokens,
         cost_micro_usd: o.cost_micro_usd,
         confidence: o.confidence,
-        feedback: o.feedback,
-    })
+    };
+    Ok(logged.outcome("case", o.feedback))
 }
 
 /// Run every case of `text` on `version`, in order. A line that is not a

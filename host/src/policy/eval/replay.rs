@@ -26,7 +26,7 @@
 use super::super::PolicyVersion;
 use crate::decisions::{Decided, Line};
 use crate::policy::convert::label;
-use edgeroute_core::{Outcome, Target, Usage};
+use edgeroute_core::Outcome;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
 
@@ -179,23 +179,7 @@ pub async fn replay(
 
 /// The logged outcome in the form `observe` takes.
 fn outcome(d: &Decided, feedback: Option<f32>) -> Outcome {
-    let o = &d.outcome;
-    Outcome {
-        request_id: d.id.clone(),
-        served_by: o
-            .served_by
-            .as_deref()
-            .and_then(|s| s.parse::<Target>().ok()),
-        ok: o.ok,
-        latency_ms: o.latency_ms,
-        usage: Usage {
-            prompt_tokens: o.prompt_tokens,
-            completion_tokens: o.completion_tokens,
-        },
-        cost_micro_usd: o.cost_micro_usd,
-        confidence: o.confidence,
-        feedback,
-    }
+    d.outcome.outcome(&d.id, feedback)
 }
 
 #[cfg(test)]

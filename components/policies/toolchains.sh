@@ -71,6 +71,7 @@ ensure_python_tools() {
     fi
     COMPONENTIZE_PY="$venv/bin/componentize-py"
     WASM_TOOLS="$venv/bin/wasm-tools"
+    ZIG="$venv/bin/python -m ziglang"
 }
 
 # jco + componentize-js from js/package-lock.json (npm ci), outside the

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-use edgeroute_testkit::{FakeCloud, REPO_ROOT, unique};
+use edgeroute_testkit::{FakeCloud, REPO_ROOT, exclusive, unique};
 use serde_json::json;
 
 use crate::EDGEROUTE;
@@ -52,11 +52,19 @@ fn built(lang: &str) -> PathBuf {
     let out = edgeroute(&parent, &["policy", "new", &name, "--lang", lang]);
     assert!(out.status.success(), "{}", text(&out));
     let project = parent.join(&name);
+    // The toolchains the repository's own policies build with
+    // (components/policies/toolchains.sh: pip, npm, apt, cargo).
+    let tools = format!("source {REPO_ROOT}/components/policies/toolchains.sh");
     let script = match lang {
-        "c" => format!(
-            "source {REPO_ROOT}/components/policies/toolchains.sh && ensure_c_tools >&2 && ensure_python_tools >&2 && \
-             WIT_BINDGEN_C=\"$WIT_BINDGEN_C\" CLANG=\"$CLANG\" WASM_TOOLS=\"$WASM_TOOLS\" bash build.sh"
+        "c" | "zig" => format!(
+            "{tools} && ensure_c_tools >&2 && ensure_python_tools >&2 && \
+             WIT_BINDGEN_C=\"$WIT_BINDGEN_C\" CLANG=\"$CLANG\" WASM_TOOLS=\"$WASM_TOOLS\" ZIG=\"$ZIG\" bash build.sh"
         ),
+        "python" => format!(
+            "{tools} && ensure_python_tools >&2 && \
+             COMPONENTIZE_PY=\"$COMPONENTIZE_PY\" WASM_TOOLS=\"$WASM_TOOLS\" bash build.sh"
+        ),
+        "js" => format!("{tools} && ensure_js_tools >&2 && JCO=\"$JCO\" bash build.sh"),
         // Its own target folder: the suite's is locked by the cargo that
         // runs this test.
         _ => "CARGO_TARGET_DIR=\"$HOME/.cache/edgeroute-toolchains/policy-template-target\" bash build.sh"
@@ -79,7 +87,16 @@ fn c_project() -> &'static Path {
 
 #[test]
 fn every_template_builds_and_passes_check_and_its_cases_from_its_own_folder() {
-    for (lang, project) in [("c", c_project().to_path_buf()), ("rust", built("rust"))] {
+    // Python and JavaScript policies take seconds of both cores to load:
+    // not beside another test's node.
+    let _machine = exclusive();
+    for (lang, project) in [
+        ("c", c_project().to_path_buf()),
+        ("rust", built("rust")),
+        ("zig", built("zig")),
+        ("python", built("python")),
+        ("js", built("js")),
+    ] {
         let check = edgeroute(&project, &["policy", "check", "policy.wasm"]);
         assert!(check.status.success(), "{lang}: {}", text(&check));
         assert_eq!(

@@ -286,6 +286,18 @@ fn every_language_passes_policy_check() {
             path.display()
         );
         assert!(text.contains(" 0 failed"), "{text}");
+        // The reference table as cases (`edgeroute policy test`).
+        let cases = Path::new(REPO_ROOT).join("components/policies/cases.jsonl");
+        let out = EDGEROUTE
+            .command()
+            .args(["policy", "test"])
+            .arg(&path)
+            .arg(&cases)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{language}: {said}");
+        assert_eq!(said.lines().last(), Some("6 passed, 0 failed"), "{said}");
     }
 }
 

@@ -1,4 +1,4 @@
-//! `edgeroute policy new NAME --lang rust|c`: a ready-to-build policy
+//! `edgeroute policy new NAME --lang rust|c|python|js|zig`: a ready-to-build policy
 //! project (sources, build script, the WIT, a case file, a README), from
 //! the templates in `templates/`, built into the binary so it works from
 //! any folder. The test suite builds every template and runs `policy
@@ -11,6 +11,9 @@ use std::path::{Path, PathBuf};
 pub enum Lang {
     Rust,
     C,
+    Python,
+    Js,
+    Zig,
 }
 
 const WIT: &str = include_str!("../../../wit/routing-0.2/policy.wit");
@@ -45,6 +48,53 @@ fn files(lang: Lang) -> &'static [(&'static str, &'static str)] {
                 include_str!("../../../templates/c/cases.jsonl"),
             ),
             ("README.md", include_str!("../../../templates/c/README.md")),
+        ],
+        Lang::Python => &[
+            ("app.py", include_str!("../../../templates/python/app.py")),
+            (
+                "build.sh",
+                include_str!("../../../templates/python/build.sh"),
+            ),
+            (
+                "cases.jsonl",
+                include_str!("../../../templates/python/cases.jsonl"),
+            ),
+            (
+                "README.md",
+                include_str!("../../../templates/python/README.md"),
+            ),
+        ],
+        Lang::Js => &[
+            ("policy.js", include_str!("../../../templates/js/policy.js")),
+            (
+                "package.json",
+                include_str!("../../../templates/js/package.json"),
+            ),
+            (
+                "package-lock.json",
+                include_str!("../../../templates/js/package-lock.json"),
+            ),
+            ("build.sh", include_str!("../../../templates/js/build.sh")),
+            (
+                "cases.jsonl",
+                include_str!("../../../templates/js/cases.jsonl"),
+            ),
+            ("README.md", include_str!("../../../templates/js/README.md")),
+        ],
+        Lang::Zig => &[
+            (
+                "policy.zig",
+                include_str!("../../../templates/zig/policy.zig"),
+            ),
+            ("build.sh", include_str!("../../../templates/zig/build.sh")),
+            (
+                "cases.jsonl",
+                include_str!("../../../templates/zig/cases.jsonl"),
+            ),
+            (
+                "README.md",
+                include_str!("../../../templates/zig/README.md"),
+            ),
         ],
     }
 }

@@ -317,9 +317,11 @@ pub struct Limits {
     /// Open client connections; beyond this new ones wait in the backlog.
     pub max_connections: usize,
     /// A connection whose request head is not complete in this time is
-    /// closed (a client slow to send its headers cannot hold it; a slow
-    /// body is not timed yet).
+    /// closed (a client slow to send its headers cannot hold it).
     pub header_read_timeout_ms: u64,
+    /// A request body not complete in this time gets a 408 (a client slow
+    /// to send its body cannot hold a connection either).
+    pub body_read_timeout_ms: u64,
     /// On SIGTERM, requests in flight get this long to finish.
     pub shutdown_grace_ms: u64,
 }
@@ -333,6 +335,7 @@ impl Default for Limits {
             max_component_bytes: 64 << 20,
             max_connections: 1024,
             header_read_timeout_ms: 10_000,
+            body_read_timeout_ms: 30_000,
             shutdown_grace_ms: 10_000,
         }
     }

@@ -937,6 +937,46 @@ fn what_people_paste_stays_local_and_the_reason_says_what_was_found() {
 /// cannot hold every connection slot; a half-sent request cannot hold a
 /// shutdown past its deadline.
 #[test]
+fn a_body_that_stalls_gets_a_408_and_the_node_keeps_serving() {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::Duration;
+    let cloud = FakeCloud::start();
+    let node = EDGEROUTE
+        .node(&cloud)
+        .limit("body_read_timeout_ms", 500)
+        .start();
+    // Headers, then a tenth of the promised body, then nothing.
+    let mut stalled = TcpStream::connect(node.addr()).unwrap();
+    stalled
+        .write_all(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"model\":",
+        )
+        .unwrap();
+    stalled
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    // Without the body timeout this read would give up after 10 s, empty.
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 1024];
+    while let Ok(n) = stalled.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        answer.extend_from_slice(&buf[..n]);
+        if answer.windows(15).any(|w| w == b"request_timeout") {
+            break;
+        }
+    }
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("\"code\":\"request_timeout\""), "{answer}");
+    // The node keeps serving, and nothing left it.
+    assert_eq!(node.get("/healthz").status, 200);
+    assert!(cloud.chat_requests().is_empty(), "{}", cloud.describe());
+}
+
+#[test]
 fn slow_clients_cannot_hold_the_node_and_shutdown_has_a_deadline() {
     use std::io::{Read, Write};
     use std::net::TcpStream;

@@ -87,7 +87,7 @@ async fn show(State(node): State<Arc<Node>>, headers: HeaderMap) -> Result<Json<
 }
 
 async fn component_bytes(node: &Node, body: Body) -> Result<Vec<u8>, ApiError> {
-    let bytes = read_body(body, node.config.limits.max_component_bytes).await?;
+    let bytes = read_body(node, body, node.config.limits.max_component_bytes).await?;
     if bytes.is_empty() {
         return Err(ApiError::bad_request(
             "send the policy component's .wasm bytes as the body",

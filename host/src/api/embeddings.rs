@@ -47,7 +47,7 @@ struct EmbeddingsRequest {
 }
 
 pub async fn post(State(node): State<Arc<Node>>, body: Body) -> Result<Json<Value>, ApiError> {
-    let body = super::read_body(body, node.config.limits.max_body_bytes).await?;
+    let body = super::read_body(&node, body, node.config.limits.max_body_bytes).await?;
     let req: EmbeddingsRequest = request::strict_json(&body)
         .map_err(|invalid| invalid.message)
         .and_then(|value| serde_json::from_value(value).map_err(|e| e.to_string()))

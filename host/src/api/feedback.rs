@@ -14,7 +14,7 @@ use super::error::ApiError;
 use crate::node::Node;
 use crate::router::request;
 use axum::Json;
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::StatusCode;
 use serde::Deserialize;
@@ -28,7 +28,9 @@ struct Feedback {
     score: f64,
 }
 
-pub async fn post(State(node): State<Arc<Node>>, body: Bytes) -> Result<Json<Value>, ApiError> {
+pub async fn post(State(node): State<Arc<Node>>, body: Body) -> Result<Json<Value>, ApiError> {
+    // The node's own body limit and read timeout, as every endpoint.
+    let body = super::read_body(&node, body, node.config.limits.max_body_bytes).await?;
     let feedback: Feedback = request::strict_json(&body)
         .map_err(|invalid| invalid.message)
         .and_then(|value| serde_json::from_value(value).map_err(|e| e.to_string()))

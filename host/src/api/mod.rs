@@ -23,6 +23,7 @@ use http_body_util::BodyExt;
 use serde_json::json;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
 
@@ -187,10 +188,21 @@ fn next_request_id() -> String {
     )
 }
 
-/// Read at most `limit` bytes; a larger body is refused without reading
-/// the rest into memory.
-pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
-    match http_body_util::Limited::new(body, limit).collect().await {
+/// Read at most `limit` bytes within `[limits] body_read_timeout_ms`; a
+/// larger body is refused without reading the rest into memory, and a body
+/// that stalls gets a 408 instead of holding its connection.
+pub(crate) async fn read_body(node: &Node, body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    let timeout_ms = node.config.limits.body_read_timeout_ms;
+    let reading = http_body_util::Limited::new(body, limit).collect();
+    let Ok(read) = tokio::time::timeout(Duration::from_millis(timeout_ms), reading).await else {
+        return Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            "request_timeout",
+            format!("the request body did not arrive within {timeout_ms} ms"),
+        ));
+    };
+    match read {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -227,7 +239,7 @@ fn signals(headers: &HeaderMap) -> Signals {
 }
 
 async fn chat(State(node): State<Arc<Node>>, headers: HeaderMap, body: Body) -> Response {
-    let bytes = match read_body(body, node.config.limits.max_body_bytes).await {
+    let bytes = match read_body(&node, body, node.config.limits.max_body_bytes).await {
         Ok(bytes) => bytes,
         Err(error) => return error.into_response(),
     };

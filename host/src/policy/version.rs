@@ -112,7 +112,16 @@ struct Live {
 
 /// How a policy call can fail: it trapped, ran past its deadline, or
 /// trapped after the memory cap refused it more memory.
-pub const FAILURE_KINDS: [&str; 3] = ["trap", "timeout", "memory"];
+/// Indexes into `failures_by_kind` are this enum's values, so a kind and
+/// its label cannot drift apart.
+#[derive(Clone, Copy)]
+enum FailureKind {
+    Trap = 0,
+    Timeout = 1,
+    Memory = 2,
+}
+
+const FAILURE_KINDS: [&str; 3] = ["trap", "timeout", "memory"];
 
 /// One loaded policy component.
 pub struct PolicyVersion {
@@ -397,18 +406,21 @@ impl PolicyVersion {
         self.failures.fetch_add(1, Ordering::Relaxed);
         // The trap itself, not the wasm backtrace: this ends up in a header.
         let (kind, failure) = match error.downcast_ref::<Trap>() {
-            Some(Trap::Interrupt) => (1, PolicyFailure::Timeout(self.settings.deadline_ms)),
+            Some(Trap::Interrupt) => (
+                FailureKind::Timeout,
+                PolicyFailure::Timeout(self.settings.deadline_ms),
+            ),
             _ if out_of_memory => (
-                2,
+                FailureKind::Memory,
                 PolicyFailure::Trap(format!(
                     "out of memory: the policy tried to grow past its {} byte limit",
                     self.settings.memory_limit
                 )),
             ),
-            Some(trap) => (0, PolicyFailure::Trap(trap.to_string())),
-            None => (0, PolicyFailure::Trap(error.to_string())),
+            Some(trap) => (FailureKind::Trap, PolicyFailure::Trap(trap.to_string())),
+            None => (FailureKind::Trap, PolicyFailure::Trap(error.to_string())),
         };
-        self.failures_by_kind[kind].fetch_add(1, Ordering::Relaxed);
+        self.failures_by_kind[kind as usize].fetch_add(1, Ordering::Relaxed);
         tracing::warn!(policy = %self.id, source = %self.source, %failure, "policy call failed");
         failure
     }

@@ -22,6 +22,66 @@ pub struct Config {
     pub guard: GuardConfig,
     pub limits: Limits,
     pub audit: AuditConfig,
+    /// Client tenants and their API keys (`host/src/tenants.rs`). With
+    /// none that has a key the API is open (loopback only, unless
+    /// `edgeroute up --insecure-open`).
+    pub tenants: BTreeMap<String, TenantConfig>,
+    pub ledger: LedgerConfig,
+    pub spin: SpinConfig,
+}
+
+/// One client tenant.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    /// Every request of this tenant is at least this sensitive (a Spin app
+    /// that handles patient records is `restricted` without changing its
+    /// code); a request or detection can only raise it.
+    #[serde(default)]
+    pub sensitivity: Sensitivity,
+    /// Where this tenant's requests may run: `local`, `cloud`.
+    #[serde(default = "all_target_kinds")]
+    pub targets: Vec<TenantTarget>,
+    /// Requests a minute, with bursts of up to this many; 0 is unlimited.
+    #[serde(default)]
+    pub requests_per_minute: u32,
+    /// SHA-256 (hex) of each API key: the config never holds a key
+    /// (`edgeroute key new TENANT` makes one and prints its line).
+    #[serde(default)]
+    pub keys_sha256: Vec<String>,
+    /// An environment variable holding keys, comma-separated.
+    #[serde(default)]
+    pub keys_env: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum TenantTarget {
+    Local,
+    Cloud,
+}
+
+fn all_target_kinds() -> Vec<TenantTarget> {
+    vec![TenantTarget::Local, TenantTarget::Cloud]
+}
+
+/// How `/ledger` buckets traffic.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct LedgerConfig {
+    /// `metadata.task` labels the ledger keeps apart; any other task counts
+    /// as `other`. The ledger is never keyed by client text, so its size
+    /// stays bounded and no client's words are shown to another.
+    pub tasks: Vec<String>,
+}
+
+/// What Spin apps need (`docs/spin.md`).
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct SpinConfig {
+    /// Model names apps already use, mapped to this node's names
+    /// (`"llama2-chat" = "auto"`); applied on every endpoint.
+    pub models: BTreeMap<String, String>,
 }
 
 /// The egress audit log (`host/src/audit.rs`).
@@ -410,6 +470,19 @@ impl Config {
         {
             bail!("local.embedding.feature_tokens must be at least 1");
         }
+        for (name, tenant) in &self.tenants {
+            crate::tenants::check_name(name)?;
+            for digest in &tenant.keys_sha256 {
+                if digest.len() != 64 || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    bail!(
+                        "tenants.{name}.keys_sha256: '{digest}' is not a SHA-256 in hex (64 characters); `edgeroute key new {name}` prints one"
+                    );
+                }
+            }
+            if name == crate::tenants::OPEN {
+                bail!("tenants.{name}: the name '{name}' is kept for clients of an open node");
+            }
+        }
         let mut names: Vec<&str> = self.local.models.iter().map(|m| m.name.as_str()).collect();
         names.extend(self.cloud.upstreams.iter().map(|u| u.name.as_str()));
         let mut seen = std::collections::HashSet::new();
@@ -436,6 +509,12 @@ impl Config {
             .with_context(|| format!("--upstream: no upstream named '{name}' in the config"))?;
         upstream.base_url = url.to_string();
         Ok(())
+    }
+
+    /// The node's name for a model a client asked for: a `[spin] models`
+    /// alias, or the name itself.
+    pub fn model_alias<'a>(&'a self, model: &'a str) -> &'a str {
+        self.spin.models.get(model).map_or(model, String::as_str)
     }
 
     pub fn upstream(&self, name: &str) -> Option<&UpstreamConfig> {

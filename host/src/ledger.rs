@@ -1,5 +1,5 @@
-//! The ledger: traffic bucketed by prompt length, task, sensitivity,
-//! latency budget and the local model's confidence, with what each
+//! The ledger: traffic bucketed by tenant, prompt length, task,
+//! sensitivity, latency budget and the local model's confidence, with what each
 //! placement cost and how long it took, so an operator can see what the
 //! router saves, where the cascade escalates and where a learned policy
 //! explores (`GET /ledger`).
@@ -15,6 +15,9 @@ pub struct Entry<'a> {
     /// None when the request was refused.
     pub served_by: Option<&'a Target>,
     pub sensitivity: Sensitivity,
+    /// The client's tenant (a configured name, or `open`).
+    pub tenant: &'a str,
+    /// The client's `metadata.task`; bucketed only when the config lists it.
     pub task: &'a str,
     pub usage: Usage,
     pub latency_ms: f64,
@@ -62,6 +65,7 @@ struct Bucket {
 
 #[derive(PartialEq, Eq, PartialOrd, Ord, Clone)]
 struct Key {
+    tenant: String,
     length: &'static str,
     task: String,
     sensitivity: &'static str,
@@ -106,25 +110,36 @@ pub struct Totals {
 
 pub struct Ledger {
     reference: Prices,
+    /// Task labels kept apart; None keeps every label (an offline report
+    /// on the operator's own decision log).
+    tasks: Option<Vec<String>>,
     buckets: Mutex<BTreeMap<Key, Bucket>>,
 }
 
 impl Ledger {
-    pub fn new(reference: Prices) -> Self {
+    pub fn new(reference: Prices, tasks: Option<Vec<String>>) -> Self {
         Self {
             reference,
+            tasks,
             buckets: Mutex::default(),
+        }
+    }
+
+    /// A node's ledger is keyed by configured names only: a client's text
+    /// neither grows it nor is shown to other clients.
+    fn task_label(&self, task: &str) -> String {
+        match &self.tasks {
+            _ if task.is_empty() => "-".into(),
+            Some(listed) if !listed.iter().any(|t| t == task) => "other".into(),
+            _ => task.to_string(),
         }
     }
 
     pub fn record(&self, entry: Entry) {
         let key = Key {
+            tenant: entry.tenant.to_string(),
             length: length_bucket(entry.usage.prompt_tokens),
-            task: if entry.task.is_empty() {
-                "-".into()
-            } else {
-                entry.task.to_string()
-            },
+            task: self.task_label(entry.task),
             sensitivity: entry.sensitivity.name(),
             budget: budget_band(entry.latency_budget_ms),
             confidence: confidence_band(entry.confidence),
@@ -163,11 +178,15 @@ impl Ledger {
     /// Per bucket: counts, mean latency per placement, cloud spend, and the
     /// cloud cost local work avoided at the reference upstream's prices.
     /// Latency saved is only claimed where both placements were observed.
-    pub fn summary(&self) -> Value {
+    /// Only `tenant`'s buckets when given (a client sees its own traffic).
+    pub fn summary(&self, tenant: Option<&str>) -> Value {
         let buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
         let mut rows = Vec::new();
         let (mut spent, mut avoided, mut saved_ms) = (0.0, 0.0, 0.0);
-        for (key, b) in buckets.iter() {
+        let mine = buckets
+            .iter()
+            .filter(|(key, _)| tenant.is_none_or(|t| key.tenant == t));
+        for (key, b) in mine {
             let cost_avoided = self.avoided(b);
             let latency_saved_ms = match (b.local.mean_latency_ms(), b.cloud.mean_latency_ms()) {
                 (Some(l), Some(c)) => Some((c - l) * b.local.requests as f64),
@@ -177,6 +196,7 @@ impl Ledger {
             avoided += cost_avoided;
             saved_ms += latency_saved_ms.unwrap_or(0.0);
             rows.push(json!({
+                "tenant": key.tenant,
                 "prompt_tokens": key.length,
                 "task": key.task,
                 "sensitivity": key.sensitivity,
@@ -205,6 +225,7 @@ mod tests {
         Entry {
             served_by,
             sensitivity: Sensitivity::Public,
+            tenant: "open",
             task: "classify",
             usage: Usage {
                 prompt_tokens: 10,
@@ -220,10 +241,13 @@ mod tests {
 
     #[test]
     fn values_local_work_at_reference_prices_and_compares_latency() {
-        let ledger = Ledger::new(Prices {
-            usd_per_mtok_in: 1.0,
-            usd_per_mtok_out: 2.0,
-        });
+        let ledger = Ledger::new(
+            Prices {
+                usd_per_mtok_in: 1.0,
+                usd_per_mtok_out: 2.0,
+            },
+            None,
+        );
         let (local, cloud) = (
             Target::Local("smollm2".into()),
             Target::Cloud("frontier".into()),
@@ -232,7 +256,7 @@ mod tests {
         ledger.record(entry(Some(&local), 300.0, 0.0));
         ledger.record(entry(Some(&cloud), 900.0, 0.5));
         ledger.record(entry(None, 1.0, 0.0));
-        let s = ledger.summary();
+        let s = ledger.summary(None);
         let row = &s["buckets"][0];
         assert_eq!(row["local"]["requests"], 2);
         assert_eq!(row["refused"], 1);
@@ -244,8 +268,42 @@ mod tests {
     }
 
     #[test]
+    fn tasks_are_bucketed_only_when_listed_and_tenants_see_their_own() {
+        let ledger = Ledger::new(Prices::default(), Some(vec!["classify".into()]));
+        let local = Target::Local("smollm2".into());
+        for (tenant, task) in [
+            ("a", "classify"),
+            ("a", "my customer's name is Ann"),
+            ("b", "another free text"),
+            ("b", ""),
+        ] {
+            ledger.record(Entry {
+                tenant,
+                task,
+                ..entry(Some(&local), 1.0, 0.0)
+            });
+        }
+        let rows = |tenant| {
+            ledger.summary(tenant)["buckets"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| {
+                    format!(
+                        "{}/{}",
+                        r["tenant"].as_str().unwrap(),
+                        r["task"].as_str().unwrap()
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(rows(None), ["a/classify", "a/other", "b/-", "b/other"]);
+        assert_eq!(rows(Some("b")), ["b/-", "b/other"]);
+    }
+
+    #[test]
     fn budget_and_confidence_split_the_buckets() {
-        let ledger = Ledger::new(Prices::default());
+        let ledger = Ledger::new(Prices::default(), None);
         let local = Target::Local("smollm2".into());
         for (budget, confidence, escalated) in [
             (None, Some(0.9), false),
@@ -260,7 +318,7 @@ mod tests {
                 ..entry(Some(&local), 100.0, 0.0)
             });
         }
-        let s = ledger.summary();
+        let s = ledger.summary(None);
         let rows = s["buckets"].as_array().unwrap();
         assert_eq!(rows.len(), 3, "{s}");
         let unsure = rows

@@ -30,3 +30,4 @@ pub mod router;
 pub mod runtime;
 pub mod serve;
 pub mod targets;
+pub mod tenants;

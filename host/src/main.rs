@@ -50,6 +50,15 @@ enum Command {
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:8080")]
         listen: String,
+        /// Serve a non-loopback address with no client keys configured
+        /// (anyone who can reach the port is a client).
+        #[arg(long)]
+        insecure_open: bool,
+    },
+    /// Client API keys.
+    Key {
+        #[command(subcommand)]
+        command: KeyCommand,
     },
     /// Measure generation through wasi-nn against llama.cpp called directly,
     /// the policy call, and the host's per-request overhead.
@@ -76,6 +85,13 @@ enum Command {
         #[command(subcommand)]
         command: edgeroute::cli::PolicyCommand,
     },
+}
+
+#[derive(Subcommand)]
+enum KeyCommand {
+    /// Make a random key for a tenant; print the key (give it to the
+    /// client) and the config lines that admit it (only its SHA-256).
+    New { tenant: String },
 }
 
 fn load_config(args: &NodeArgs) -> anyhow::Result<Config> {
@@ -121,19 +137,30 @@ async fn main() {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Up { node, listen } => {
+        Command::Up {
+            node,
+            listen,
+            insecure_open,
+        } => {
             let config = load_config(&node)?;
-            let node = Node::start(config).await?;
+            // Before the models load, so a refusal comes in a moment.
             let listener = tokio::net::TcpListener::bind(&listen)
                 .await
                 .with_context(|| format!("cannot listen on {listen}"))?;
             let addr = listener.local_addr()?;
+            let open = !edgeroute::tenants::Clients::from_config(&config)?.required();
+            if !addr.ip().is_loopback() && open && !insecure_open {
+                anyhow::bail!(
+                    "refusing to serve {addr} with no client keys: anyone who can reach it could use the node and read its ledger. Add a tenant with a key (`edgeroute key new NAME`), listen on 127.0.0.1, or pass --insecure-open"
+                );
+            }
+            let node = Node::start(config).await?;
             // Tests and scripts wait for this exact line.
             println!("edgeroute listening on http://{addr}");
             std::io::stdout().flush()?;
             let policy = node.policy.current();
             eprintln!(
-                "policy: {} ({}); local models: {:?}; cloud upstreams: {:?}; admin endpoints: {}",
+                "policy: {} ({}); local models: {:?}; cloud upstreams: {:?}; admin endpoints: {}; client keys: {}",
                 policy.id,
                 policy.source,
                 node.local.model_names(),
@@ -142,6 +169,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     "on"
                 } else {
                     "off"
+                },
+                if node.clients.required() {
+                    "required"
+                } else {
+                    "none (open node)"
                 },
             );
             eprintln!(
@@ -170,6 +202,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             if let Some(log) = &node.cloud.audit.log {
                 log.flush();
             }
+            Ok(())
+        }
+        Command::Key {
+            command: KeyCommand::New { tenant },
+        } => {
+            let (key, lines) = edgeroute::tenants::new_key(&tenant)?;
+            println!("key: {key}\n\n# in the node's config:\n{lines}");
             Ok(())
         }
         Command::Bench { node, options } => {

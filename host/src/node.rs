@@ -41,6 +41,8 @@ pub struct Node {
     pub started: Instant,
     /// Bearer token of the admin endpoints; None turns them off.
     pub admin_token: Option<String>,
+    /// API keys and their tenants.
+    pub clients: crate::tenants::Clients,
 }
 
 /// What to tell a user whose model file is missing.
@@ -48,6 +50,8 @@ pub const FETCH_HINT: &str = "fetch the default model with `./dev setup` (or `sc
 
 impl Node {
     pub async fn start(config: Config) -> anyhow::Result<Arc<Node>> {
+        // Before the models load: a key mistake should fail in a second.
+        let clients = crate::tenants::Clients::from_config(&config)?;
         let engine = runtime::engine()?;
         let runtime_params = RuntimeParams {
             threads: config.local.threads,
@@ -141,7 +145,7 @@ impl Node {
             cloud,
             embedder,
             detector: Detector::new(&config.guard)?,
-            ledger: Ledger::new(reference),
+            ledger: Ledger::new(reference, Some(config.ledger.tasks.clone())),
             metrics: Metrics::default(),
             recent: Recent::default(),
             decisions: match &config.node.decision_log {
@@ -150,6 +154,7 @@ impl Node {
             },
             started: Instant::now(),
             admin_token: config.admin.token(),
+            clients,
             config,
         }))
     }

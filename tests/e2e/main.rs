@@ -12,7 +12,9 @@
 //! - `policy_swap`: hot swaps, rollback, state, shadow, the admin API;
 //! - `policy_languages`: the reference policy in Python, JavaScript and C;
 //! - `prefix`: prefix reuse for agent sessions, and its sensitivity fence;
-//! - `signals`: every feature a policy sees, and the confidence cascade.
+//! - `signals`: every feature a policy sees, and the confidence cascade;
+//! - `tenants`: client keys, a tenant's sensitivity, targets and rate
+//!   limit, the ledger by tenant.
 //!
 //! Each test starts its own [`FakeCloud`](edgeroute_testkit::FakeCloud) and
 //! node, so tests are independent and may run in parallel.
@@ -29,6 +31,7 @@ mod policy_languages;
 mod policy_swap;
 mod prefix;
 mod signals;
+mod tenants;
 
 use edgeroute_testkit::Edgeroute;
 

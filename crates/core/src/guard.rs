@@ -53,6 +53,29 @@ impl Rules {
 pub struct Facts {
     pub sensitivity: Sensitivity,
     pub may_leave: bool,
+    /// The client's tenant may not use targets off the node, whatever the
+    /// data's level (`may_leave` is then false too).
+    pub tenant_confined: bool,
+}
+
+impl Facts {
+    /// Facts for a request judged by its level alone.
+    pub fn of_level(sensitivity: Sensitivity, may_leave: bool) -> Self {
+        Self {
+            sensitivity,
+            may_leave,
+            tenant_confined: false,
+        }
+    }
+
+    /// Why a request that may not leave stays: its data, or its tenant.
+    fn why_stays(&self) -> String {
+        if self.tenant_confined {
+            "this client's tenant may only use this node".to_string()
+        } else {
+            format!("{} data may not leave the node", self.sensitivity)
+        }
+    }
 }
 
 /// What the guard needs to know about the node.
@@ -139,7 +162,7 @@ fn place_cascade(cascade: Cascade, reason: String, facts: &Facts, node: &NodeVie
     }
     let then = match place_target(cascade.then.clone(), String::new(), facts, node) {
         Placement::Run { target: then, .. } if then == cascade.then && then != target => Ok(then),
-        _ if !facts.may_leave => Err(format!("{} data may not leave the node", facts.sensitivity)),
+        _ if !facts.may_leave => Err(facts.why_stays()),
         _ => Err("not available".to_string()),
     };
     let reason = match &then {
@@ -182,10 +205,7 @@ fn place_target(target: Target, reason: String, facts: &Facts, node: &NodeView) 
         Target::Local(model) => stay_local(Some(model), reason, facts, node),
         off_node if !facts.may_leave => stay_local(
             None,
-            format!(
-                "guard: {} data may not leave the node (policy wanted {off_node})",
-                facts.sensitivity
-            ),
+            format!("guard: {} (policy wanted {off_node})", facts.why_stays()),
             facts,
             node,
         ),
@@ -327,10 +347,12 @@ mod tests {
     const PUBLIC: Facts = Facts {
         sensitivity: Sensitivity::Public,
         may_leave: true,
+        tenant_confined: false,
     };
     const RESTRICTED: Facts = Facts {
         sensitivity: Sensitivity::Restricted,
         may_leave: false,
+        tenant_confined: false,
     };
 
     fn names(names: &[&str]) -> Vec<String> {
@@ -358,6 +380,22 @@ mod tests {
             }
             Placement::Refuse(_) => false,
         }
+    }
+
+    #[test]
+    fn a_confined_tenant_stays_local_and_the_reason_names_the_tenant() {
+        let (local, ups) = (names(&["smollm2"]), names(&["frontier"]));
+        let node = view(&local, &ups, OnPolicyFailure::Local);
+        let confined = Facts {
+            may_leave: false,
+            tenant_confined: true,
+            ..PUBLIC
+        };
+        let placed = place(cloud("frontier"), &confined, &node);
+        assert!(
+            matches!(&placed, Placement::Run { target: Target::Local(_), reason } if reason.contains("tenant")),
+            "{placed:?}"
+        );
     }
 
     #[test]

@@ -134,6 +134,7 @@ pub struct NodeBuilder {
     policy_params: Vec<(String, String)>,
     embedding: bool,
     limits: Vec<(String, u64)>,
+    extra_toml: String,
 }
 
 impl NodeBuilder {
@@ -155,12 +156,20 @@ impl NodeBuilder {
             policy_params: Vec::new(),
             embedding: true,
             limits: Vec::new(),
+            extra_toml: String::new(),
         }
     }
 
     /// An extra `[limits]` entry (`shutdown_grace_ms`, `max_connections`, …).
     pub fn limit(mut self, key: &str, value: u64) -> Self {
         self.limits.push((key.into(), value));
+        self
+    }
+
+    /// TOML tables appended to the config (`[tenants.NAME]`, `[spin]`, …).
+    pub fn config_extra(mut self, toml: &str) -> Self {
+        self.extra_toml.push_str(toml);
+        self.extra_toml.push('\n');
         self
     }
 
@@ -264,7 +273,8 @@ detect_pii = true
 max_body_bytes = 1048576
 {limits}[audit]
 path = {audit}
-"#,
+{extra}"#,
+            extra = self.extra_toml,
             audit = toml_string(&dir.join(AUDIT_LOG).display().to_string()),
             max_queue = self.max_queue,
             model_path = toml_string(&self.model_path.display().to_string()),
@@ -556,8 +566,16 @@ impl Node {
 
     /// `GET path` (e.g. `/healthz`, `/v1/models`).
     pub fn get(&self, path: &str) -> Resp {
-        self.agent
-            .get(format!("{}{path}", self.url()))
+        self.get_with(path, &[])
+    }
+
+    /// `GET path` with extra headers (`authorization`, …).
+    pub fn get_with(&self, path: &str, headers: &[(&str, &str)]) -> Resp {
+        let mut request = self.agent.get(format!("{}{path}", self.url()));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        request
             .call()
             .and_then(Resp::from_ureq)
             .unwrap_or_else(|e| {

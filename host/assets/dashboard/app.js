@@ -569,7 +569,8 @@
   async function refresh() {
     const timeout = Math.max(5000, state.intervalMs * 2);
     const [ledger, health, metricsText] = await Promise.all([
-      request('/ledger', null, timeout).then((r) => r.json()),
+      // A node with client keys shows its whole ledger to the admin token.
+      request('/ledger', state.token ? { headers: adminHeaders() } : null, timeout).then((r) => r.json()),
       request('/healthz', null, timeout).then((r) => r.json()),
       request('/metrics', null, timeout).then((r) => r.text()),
     ]);

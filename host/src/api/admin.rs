@@ -4,6 +4,7 @@
 use super::error::ApiError;
 use super::read_body;
 use crate::node::Node;
+use crate::tenants::{bearer_token, same_secret};
 use axum::Json;
 use axum::Router;
 use axum::body::Body;
@@ -23,17 +24,7 @@ pub fn routes() -> Router<Arc<Node>> {
         )
 }
 
-/// The token of an `Authorization: Bearer TOKEN` value; the scheme name is
-/// case-insensitive (RFC 9110 §11.1).
-fn bearer_token(value: &str) -> Option<&str> {
-    let (scheme, token) = value.trim().split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then(|| token.trim())
-        .filter(|t| !t.is_empty())
-}
-
-fn authorize(node: &Node, headers: &HeaderMap) -> Result<(), ApiError> {
+pub(super) fn authorize(node: &Node, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(expected) = &node.admin_token else {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
@@ -49,14 +40,7 @@ fn authorize(node: &Node, headers: &HeaderMap) -> Result<(), ApiError> {
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(bearer_token);
-    // Compare without an early exit so timing does not reveal the prefix.
-    let matches = given.is_some_and(|g| {
-        g.len() == expected.len()
-            && g.bytes()
-                .zip(expected.bytes())
-                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-                == 0
-    });
+    let matches = given.is_some_and(|g| same_secret(g, expected));
     if !matches {
         return Err(ApiError::new(
             StatusCode::UNAUTHORIZED,

@@ -11,6 +11,7 @@
 //! An input longer than the model's window is a 400, never silently cut.
 
 use super::error::ApiError;
+use crate::nn::Embedder;
 use crate::nn::embed::TooLong;
 use crate::node::Node;
 use crate::router::request;
@@ -52,27 +53,7 @@ pub async fn post(State(node): State<Arc<Node>>, body: Body) -> Result<Json<Valu
         .map_err(|invalid| invalid.message)
         .and_then(|value| serde_json::from_value(value).map_err(|e| e.to_string()))
         .map_err(|e| ApiError::bad_request(format!("invalid embeddings request: {e}")))?;
-    let Some(embedder) = node.embedder.clone() else {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "invalid_request_error",
-            "model_not_found",
-            "this node has no embedding model ([local.embedding] in the config)",
-        )
-        .param("model"));
-    };
-    if req.model != "auto" && req.model != embedder.name {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "invalid_request_error",
-            "model_not_found",
-            format!(
-                "no embedding model '{}' on this node; use '{}' or 'auto'",
-                req.model, embedder.name
-            ),
-        )
-        .param("model"));
-    }
+    let embedder = embedder_for(&node, &req.model)?;
     let base64 = match req.encoding_format.as_deref() {
         None | Some("float") => false,
         Some("base64") => true,
@@ -93,7 +74,66 @@ pub async fn post(State(node): State<Arc<Node>>, body: Body) -> Result<Json<Valu
         ))
         .param("dimensions"));
     }
-    let inputs = texts(&req.input)?;
+    let embedded = embed(embedder, &req.input).await?;
+    let data: Vec<Value> = embedded
+        .vectors
+        .into_iter()
+        .enumerate()
+        .map(|(index, vector)| {
+            let embedding = if base64 {
+                let bytes: Vec<u8> = vector.iter().flat_map(|x| x.to_le_bytes()).collect();
+                json!(base64::engine::general_purpose::STANDARD.encode(bytes))
+            } else {
+                json!(vector)
+            };
+            json!({ "object": "embedding", "index": index, "embedding": embedding })
+        })
+        .collect();
+    Ok(Json(json!({
+        "object": "list",
+        "data": data,
+        "model": embedded.model,
+        "usage": { "prompt_tokens": embedded.tokens, "total_tokens": embedded.tokens },
+    })))
+}
+
+/// The node's embedding model, when `model` names it (`auto`, its name,
+/// or a `[spin] models` alias of either).
+pub(super) fn embedder_for(node: &Node, model: &str) -> Result<Arc<Embedder>, ApiError> {
+    let Some(embedder) = node.embedder.clone() else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "model_not_found",
+            "this node has no embedding model ([local.embedding] in the config)",
+        )
+        .param("model"));
+    };
+    let model = node.config.model_alias(model);
+    if model != "auto" && model != embedder.name {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "model_not_found",
+            format!(
+                "no embedding model '{model}' on this node; use '{}' or 'auto'",
+                embedder.name
+            ),
+        )
+        .param("model"));
+    }
+    Ok(embedder)
+}
+
+pub(super) struct Embedded {
+    pub model: String,
+    pub vectors: Vec<Vec<f32>>,
+    pub tokens: u32,
+}
+
+/// Embed `input` (a string or a list of strings) on the node's encoder.
+pub(super) async fn embed(embedder: Arc<Embedder>, input: &Value) -> Result<Embedded, ApiError> {
+    let inputs = texts(input)?;
     // Each input is at most the model's window; together, at most this many
     // windows' worth of text, so one request cannot hold the model for
     // minutes.
@@ -118,25 +158,11 @@ pub async fn post(State(node): State<Arc<Node>>, body: Body) -> Result<Json<Valu
         None => ApiError::internal(e.to_string()),
     })?;
     let tokens: u32 = results.iter().map(|e| e.tokens).sum();
-    let data: Vec<Value> = results
-        .into_iter()
-        .enumerate()
-        .map(|(index, e)| {
-            let embedding = if base64 {
-                let bytes: Vec<u8> = e.vector.iter().flat_map(|x| x.to_le_bytes()).collect();
-                json!(base64::engine::general_purpose::STANDARD.encode(bytes))
-            } else {
-                json!(e.vector)
-            };
-            json!({ "object": "embedding", "index": index, "embedding": embedding })
-        })
-        .collect();
-    Ok(Json(json!({
-        "object": "list",
-        "data": data,
-        "model": model,
-        "usage": { "prompt_tokens": tokens, "total_tokens": tokens },
-    })))
+    Ok(Embedded {
+        model,
+        vectors: results.into_iter().map(|e| e.vector).collect(),
+        tokens,
+    })
 }
 
 /// The texts to embed: one string, or a non-empty list of strings.

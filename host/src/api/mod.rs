@@ -4,20 +4,23 @@
 //! SSE or an OpenAI error envelope. No placement decision is made here.
 
 mod admin;
+mod clients;
 mod dashboard;
 mod embeddings;
 pub mod error;
 mod feedback;
 pub mod openai;
+mod spin;
 
 use crate::node::Node;
 use crate::router::{self, Finished, Output, Route, Served, Signals, Stream};
+use crate::tenants::Tenant;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use error::ApiError;
 use http_body_util::BodyExt;
 use serde_json::json;
@@ -45,14 +48,22 @@ pub const SESSION_HEADER: &str = "x-edgeroute-session";
 pub const CACHED_TOKENS_HEADER: &str = "x-edgeroute-cached-tokens";
 
 pub fn router(node: Arc<Node>) -> Router {
-    Router::new()
+    // What a client calls: behind its API key when the node has tenants.
+    let api = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/models", get(models))
+        .route("/v1/feedback", post(feedback::post))
+        .route("/v1/embeddings", post(embeddings::post))
+        .merge(spin::routes())
+        .route_layer(axum::middleware::from_fn_with_state(
+            node.clone(),
+            clients::require,
+        ));
+    Router::new()
+        .merge(api)
         .route("/healthz", get(healthz))
         .route("/ledger", get(ledger))
         .route("/metrics", get(metrics))
-        .route("/v1/feedback", post(feedback::post))
-        .route("/v1/embeddings", post(embeddings::post))
         .merge(admin::routes())
         .merge(dashboard::routes())
         .method_not_allowed_fallback(|method: axum::http::Method| async move {
@@ -164,8 +175,27 @@ async fn metrics(State(node): State<Arc<Node>>) -> Response {
     response
 }
 
-async fn ledger(State(node): State<Arc<Node>>) -> Json<serde_json::Value> {
-    Json(node.ledger.summary())
+/// The whole ledger for the operator (admin token) or on an open node; a
+/// client's own tenant's buckets for a client key.
+async fn ledger(
+    State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    if !node.clients.required() || admin::authorize(&node, &headers).is_ok() {
+        return Ok(Json(node.ledger.summary(None)));
+    }
+    let authorization = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    match node.clients.identify(authorization) {
+        Ok(tenant) => Ok(Json(node.ledger.summary(Some(&tenant.name)))),
+        Err(_) => Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "invalid_request_error",
+            "invalid_api_key",
+            "the ledger needs a client key (its tenant's traffic) or the admin token (all of it)",
+        )),
+    }
 }
 
 fn unix_now() -> u64 {
@@ -219,8 +249,9 @@ pub(crate) async fn read_body(node: &Node, body: Body, limit: usize) -> Result<B
 /// The signals a client sends as headers. Every value of the sensitivity
 /// header is kept: a proxy that appends a header must not be able to turn a
 /// restricted request public by going first.
-fn signals(headers: &HeaderMap) -> Signals {
+fn signals(headers: &HeaderMap, tenant: Arc<Tenant>) -> Signals {
     Signals {
+        tenant: Some(tenant),
         sensitivity: headers
             .get_all(SENSITIVITY_HEADER)
             .iter()
@@ -238,7 +269,12 @@ fn signals(headers: &HeaderMap) -> Signals {
     }
 }
 
-async fn chat(State(node): State<Arc<Node>>, headers: HeaderMap, body: Body) -> Response {
+async fn chat(
+    State(node): State<Arc<Node>>,
+    Extension(tenant): Extension<Arc<Tenant>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let bytes = match read_body(&node, body, node.config.limits.max_body_bytes).await {
         Ok(bytes) => bytes,
         Err(error) => return error.into_response(),
@@ -246,7 +282,7 @@ async fn chat(State(node): State<Arc<Node>>, headers: HeaderMap, body: Body) -> 
     match router::serve(
         &node,
         &bytes,
-        &signals(&headers),
+        &signals(&headers, tenant),
         next_request_id(),
         unix_now(),
     )

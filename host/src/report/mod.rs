@@ -89,12 +89,13 @@ fn served_by(d: &Decided) -> Option<Target> {
 /// The log's requests in the node's own ledger, so the buckets are exactly
 /// what `/ledger` would have shown.
 fn ledger_of(log: &[Decided], prices: Prices) -> Value {
-    let ledger = Ledger::new(prices);
+    let ledger = Ledger::new(prices, None);
     for d in log {
         let target = served_by(d);
         ledger.record(Entry {
             served_by: target.as_ref(),
             sensitivity: d.features.sensitivity,
+            tenant: "-",
             task: &d.features.task,
             usage: Usage {
                 prompt_tokens: d.outcome.prompt_tokens,
@@ -107,7 +108,7 @@ fn ledger_of(log: &[Decided], prices: Prices) -> Value {
             escalated: escalated(d),
         });
     }
-    ledger.summary()
+    ledger.summary(None)
 }
 
 fn render(name: &str, input: Input, prices: Option<Prices>) -> (String, Written) {

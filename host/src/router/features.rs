@@ -13,8 +13,10 @@ use crate::detect::Detector;
 use crate::nn::{CacheScope, Embedder};
 use crate::targets::cloud::CloudTarget;
 use crate::targets::local::LocalTarget;
+use crate::tenants::{self, Tenant};
 use edgeroute_core::guard::Facts;
 use edgeroute_core::{Features, Sensitivity, SensitivitySet, Source, TextStats};
+use std::sync::Arc;
 
 /// Request-level signals that travel outside the body (HTTP headers).
 #[derive(Debug, Clone, Default)]
@@ -26,6 +28,9 @@ pub struct Signals {
     pub latency_budget_ms: Option<String>,
     /// The session header, if sent.
     pub session: Option<String>,
+    /// The client's tenant (from its API key); None is an open node's
+    /// client: public by default, every target allowed.
+    pub tenant: Option<Arc<Tenant>>,
 }
 
 /// What the policy sees, and what the guard judges.
@@ -33,6 +38,8 @@ pub struct Extracted {
     pub features: Features,
     pub sensitivity: SensitivitySet,
     pub facts: Facts,
+    /// The client's tenant, for the ledger.
+    pub tenant: String,
     /// Whose cached prefix a local run may reuse, and whose it leaves.
     pub cache: CacheScope,
 }
@@ -45,6 +52,11 @@ pub fn collect_sensitivity(
     detector: &Detector,
 ) -> SensitivitySet {
     let mut set = SensitivitySet::new();
+    if let Some(tenant) = &signals.tenant
+        && tenant.sensitivity > Sensitivity::Public
+    {
+        set.add(Source::TenantDefault, tenant.sensitivity);
+    }
     for value in &signals.sensitivity {
         match value {
             // A header line may itself be a list ("public, restricted"),
@@ -125,9 +137,12 @@ pub fn extract(
 ) -> Result<Extracted, Invalid> {
     let sensitivity = collect_sensitivity(request, signals, guard, detector);
     let level = sensitivity.level();
+    // A tenant limited to the node keeps even public data here.
+    let tenant_allows_cloud = signals.tenant.as_ref().is_none_or(|t| t.cloud);
     let facts = Facts {
         sensitivity: level,
-        may_leave: guard.may_leave(level),
+        may_leave: guard.may_leave(level) && tenant_allows_cloud,
+        tenant_confined: guard.may_leave(level) && !tenant_allows_cloud,
     };
     let cache = CacheScope {
         level,
@@ -173,6 +188,10 @@ pub fn extract(
         features,
         sensitivity,
         facts,
+        tenant: signals
+            .tenant
+            .as_ref()
+            .map_or_else(|| tenants::OPEN.to_string(), |t| t.name.clone()),
         cache,
     })
 }
@@ -217,12 +236,39 @@ mod tests {
     fn level(metadata: &str, headers: &[Option<&str>]) -> Sensitivity {
         let signals = Signals {
             sensitivity: headers.iter().map(|h| h.map(str::to_string)).collect(),
-            latency_budget_ms: None,
-            session: None,
+            ..Signals::default()
         };
         let guard = GuardConfig::default();
         let detector = Detector::new(&guard).unwrap();
         collect_sensitivity(&request(metadata), &signals, &guard, &detector).level()
+    }
+
+    #[test]
+    fn a_tenants_default_is_a_floor_a_request_cannot_lower() {
+        let config = crate::config::Config::parse(
+            "[tenants.clinic]\nsensitivity = \"restricted\"\nkeys_sha256 = [\"0000000000000000000000000000000000000000000000000000000000000000\"]\n",
+            std::path::Path::new("."),
+        )
+        .unwrap();
+        let clients = crate::tenants::Clients::from_config(&config).unwrap();
+        let signals = Signals {
+            sensitivity: vec![Some("public".into())],
+            tenant: clients.tenants().next(),
+            ..Signals::default()
+        };
+        let guard = GuardConfig::default();
+        let detector = Detector::new(&guard).unwrap();
+        let set = collect_sensitivity(
+            &request(r#"{"sensitivity":"public"}"#),
+            &signals,
+            &guard,
+            &detector,
+        );
+        assert_eq!(set.level(), Sensitivity::Restricted);
+        assert!(
+            set.sources()
+                .contains(&(Source::TenantDefault, Sensitivity::Restricted))
+        );
     }
 
     #[test]

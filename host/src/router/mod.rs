@@ -151,8 +151,12 @@ pub async fn decide(
     created: u64,
 ) -> Result<Decided, Failure> {
     let started = Instant::now();
-    let request =
+    let mut request =
         request::parse(body, &node.config.limits, id, created).map_err(Failure::Invalid)?;
+    request.requested_model = node
+        .config
+        .model_alias(&request.requested_model)
+        .to_string();
     check_model(node, &request.requested_model).map_err(Failure::Invalid)?;
     // Tokenizing a long prompt takes milliseconds of CPU: off the async
     // workers, so a large request cannot stall `/healthz` or other clients.
@@ -622,6 +626,7 @@ impl Context {
         self.node.ledger.record(crate::ledger::Entry {
             served_by,
             sensitivity: self.facts().sensitivity,
+            tenant: &self.extracted.tenant,
             task: &self.features().task,
             usage,
             latency_ms: self.started.elapsed().as_secs_f64() * 1e3,

@@ -293,10 +293,7 @@ pub async fn check(
             Ok(d) if !known(&d.choice) => unknown.push(format!("case {i}: {}", label(&decision))),
             Ok(_) => {}
         }
-        let facts = Facts {
-            sensitivity: f.sensitivity,
-            may_leave: f.may_leave,
-        };
+        let facts = Facts::of_level(f.sensitivity, f.may_leave);
         let placed = guard::place(decision, &facts, &view);
         let off_node = match &placed {
             Placement::Run { target, .. } => target.leaves_node(),

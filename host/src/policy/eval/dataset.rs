@@ -171,10 +171,7 @@ pub fn prepare(
             Prepared {
                 example,
                 features,
-                facts: Facts {
-                    sensitivity,
-                    may_leave,
-                },
+                facts: Facts::of_level(sensitivity, may_leave),
             }
         })
         .collect()

@@ -268,6 +268,9 @@ struct UpstreamMessage<'a> {
 }
 
 fn request_body(request: &ChatRequest) -> Result<Vec<u8>, TargetError> {
+    if let Some(client) = &request.passthrough {
+        return passthrough_body(request, client);
+    }
     let body = UpstreamRequest {
         model: &request.model,
         messages: request
@@ -284,6 +287,27 @@ fn request_body(request: &ChatRequest) -> Result<Vec<u8>, TargetError> {
         seed: request.seed,
         stream: request.stream,
     };
+    serde_json::to_vec(&body).map_err(|e| TargetError::Internal(format!("encoding request: {e}")))
+}
+
+/// The client's own request, with the upstream's model name, the node's
+/// clamp on the completion's length and the stream flag: everything else
+/// (tools, tool_choice, response_format, stop, unknown fields) goes as the
+/// client sent it.
+fn passthrough_body(request: &ChatRequest, client: &str) -> Result<Vec<u8>, TargetError> {
+    let mut body: serde_json::Map<String, serde_json::Value> = serde_json::from_str(client)
+        .map_err(|e| TargetError::Internal(format!("the passthrough request is not a JSON object: {e}")))?;
+    body.insert("model".into(), request.model.clone().into());
+    body.insert("stream".into(), request.stream.into());
+    // Whichever length field the client used carries the clamped value.
+    let length_key = if body.contains_key("max_completion_tokens") {
+        "max_completion_tokens"
+    } else {
+        "max_tokens"
+    };
+    if request.max_tokens > 0 {
+        body.insert(length_key.into(), request.max_tokens.into());
+    }
     serde_json::to_vec(&body).map_err(|e| TargetError::Internal(format!("encoding request: {e}")))
 }
 
@@ -339,6 +363,16 @@ fn parse_reply(bytes: &[u8]) -> Result<UpstreamReply, TargetError> {
 fn read_whole(request: &ChatRequest, stream: &InputStream) -> Result<Completion, TargetError> {
     let body = read_to_end(stream, usize::MAX)?;
     let reply = parse_reply(&body)?;
+    // A passthrough answer goes back as the upstream wrote it: tool calls,
+    // refusals and fields this component does not know included.
+    let message = match request.passthrough {
+        Some(_) => serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|mut whole| whole.pointer_mut("/choices/0/message").map(serde_json::Value::take))
+            .filter(serde_json::Value::is_object)
+            .map(|m| m.to_string()),
+        None => None,
+    };
     let choice =
         reply.choices.into_iter().next().ok_or_else(|| {
             TargetError::Upstream("the upstream's completion has no choices".into())
@@ -352,6 +386,7 @@ fn read_whole(request: &ChatRequest, stream: &InputStream) -> Result<Completion,
             completion_tokens: usage.completion_tokens,
         },
         model: reply.model.unwrap_or_else(|| request.model.clone()),
+        message,
     })
 }
 
@@ -422,6 +457,7 @@ fn read_stream(request: &ChatRequest, stream: &InputStream) -> Result<Completion
             completion_tokens: usage.completion_tokens,
         },
         model: model.unwrap_or_else(|| request.model.clone()),
+        message: None,
     })
 }
 

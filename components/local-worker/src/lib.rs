@@ -147,6 +147,7 @@ fn completion(
         finish_reason: finish.to_string(),
         usage,
         model: request.model.clone(),
+        message: None,
     }
 }
 

@@ -224,9 +224,16 @@ fn place_target(target: Target, reason: String, facts: &Facts, node: &NodeView) 
 /// Why a local run could not start; each is a new hop for the guard.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LocalFailure {
-    Busy { queue: u32 },
+    Busy {
+        queue: u32,
+    },
+    /// The request uses a feature only an upstream serves (`tools`).
+    Unsupported(String),
     Unavailable(String),
-    TooLong { prompt_tokens: u32, context: u32 },
+    TooLong {
+        prompt_tokens: u32,
+        context: u32,
+    },
 }
 
 impl std::fmt::Display for LocalFailure {
@@ -237,6 +244,7 @@ impl std::fmt::Display for LocalFailure {
                 "the local queue is full ({queue} requests waiting or running)"
             ),
             LocalFailure::Unavailable(why) => f.write_str(why),
+            LocalFailure::Unsupported(what) => write!(f, "the local model cannot serve {what}"),
             LocalFailure::TooLong {
                 prompt_tokens,
                 context,
@@ -285,6 +293,7 @@ pub fn after_local_failure(
         LocalFailure::Unavailable(_) => Refusal::LocalUnavailable {
             sensitivity: facts.sensitivity,
         },
+        LocalFailure::Unsupported(what) => Refusal::Unsupported { what: what.clone() },
     };
     Placement::refuse(cause, format!("{reason}; {failure}: fail closed"))
 }

@@ -21,6 +21,9 @@ pub enum Refusal {
     PromptTooLong { prompt_tokens: u32, context: u32 },
     /// The request may leave, but nothing can serve it.
     NoTarget { why: String },
+    /// The request asks for what only an upstream serves (tool calls) and
+    /// may not leave the node.
+    Unsupported { what: String },
 }
 
 impl Refusal {
@@ -33,6 +36,7 @@ impl Refusal {
             Refusal::LocalBusy { .. } => "local_busy",
             Refusal::PromptTooLong { .. } => "prompt_too_long",
             Refusal::NoTarget { .. } => "no_target",
+            Refusal::Unsupported { .. } => "unsupported_locally",
         }
     }
 }
@@ -67,6 +71,10 @@ impl fmt::Display for Refusal {
             Refusal::NoTarget { why } => {
                 write!(f, "{why}, and no cloud upstream is configured")
             }
+            Refusal::Unsupported { what } => write!(
+                f,
+                "the local model cannot serve {what}, and this request may not leave the node; it was not sent anywhere"
+            ),
         }
     }
 }

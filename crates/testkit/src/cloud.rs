@@ -290,6 +290,8 @@ fn fake_chat_completion(request: &Value) -> Response {
             .expect("fake cloud: SSE response");
     }
 
+    let (message, finish_reason) = tool_turn(request, messages)
+        .unwrap_or_else(|| (json!({"role": "assistant", "content": CLOUD_REPLY}), "stop"));
     Json(json!({
         "id": id,
         "object": "chat.completion",
@@ -297,13 +299,45 @@ fn fake_chat_completion(request: &Value) -> Response {
         "model": model,
         "choices": [{
             "index": 0,
-            "message": {"role": "assistant", "content": CLOUD_REPLY},
-            "finish_reason": "stop",
+            "message": message,
+            "finish_reason": finish_reason,
         }],
         "usage": usage,
     }))
     .into_response()
 }
+
+/// What a tool-using model does: offered tools and not yet given a result,
+/// it calls the first tool ([`FAKE_TOOL_CALL_ID`], arguments
+/// [`FAKE_TOOL_ARGUMENTS`]); given a tool's result, it answers with
+/// "the tool said: RESULT".
+fn tool_turn(request: &Value, messages: &[Value]) -> Option<(Value, &'static str)> {
+    let last = messages.last()?;
+    if last.get("role").and_then(Value::as_str) == Some("tool") {
+        let result = last
+            .get("content")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let message = json!({"role": "assistant", "content": format!("the tool said: {result}")});
+        return Some((message, "stop"));
+    }
+    let tool = request.pointer("/tools/0/function/name")?.as_str()?;
+    let message = json!({
+        "role": "assistant",
+        "content": null,
+        "tool_calls": [{
+            "id": FAKE_TOOL_CALL_ID,
+            "type": "function",
+            "function": {"name": tool, "arguments": FAKE_TOOL_ARGUMENTS},
+        }],
+    });
+    Some((message, "tool_calls"))
+}
+
+/// The id of the tool call the fake cloud makes.
+pub const FAKE_TOOL_CALL_ID: &str = "call_fake_1";
+/// The arguments of the tool call the fake cloud makes.
+pub const FAKE_TOOL_ARGUMENTS: &str = r#"{"city":"Paris"}"#;
 
 #[cfg(test)]
 mod tests {

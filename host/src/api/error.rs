@@ -81,7 +81,7 @@ impl From<Failure> for ApiError {
             Failure::Refused { refused, route } => {
                 let (status, kind) = match refused.cause {
                     Refusal::PolicyRejected { .. } => (StatusCode::FORBIDDEN, "permission_error"),
-                    Refusal::PromptTooLong { .. } => {
+                    Refusal::PromptTooLong { .. } | Refusal::Unsupported { .. } => {
                         (StatusCode::BAD_REQUEST, "invalid_request_error")
                     }
                     Refusal::PolicyFailed { .. }

@@ -311,7 +311,7 @@ fn render(served: Served) -> Response {
     };
     match output {
         Output::Done(finished) if !stream => {
-            let body = openai::completion_body(
+            let mut body = openai::completion_body(
                 &sse.id,
                 sse.created,
                 &sse.model,
@@ -322,6 +322,11 @@ fn render(served: Served) -> Response {
                     finished.usage.completion_tokens,
                 ),
             );
+            // An upstream's message goes back as it wrote it: tool calls,
+            // refusals and fields the node does not know included.
+            if let Some(message) = finished.message {
+                body["choices"][0]["message"] = message;
+            }
             let mut response = Json(body).into_response();
             set_route_headers(response.headers_mut(), &route);
             response

@@ -74,6 +74,7 @@ async fn call(node: &Node, at: &Where<'_>, messages: &[Message]) -> anyhow::Resu
             top_p: 1.0,
             seed: 0,
             stream: true,
+            passthrough: None,
         },
         stream: Some(tx),
         meter: meter.clone(),

@@ -115,6 +115,7 @@ async fn through_wasi_nn(node: &Node, model: &str, sampling: Sampling) -> anyhow
         top_p: sampling.top_p,
         seed: sampling.seed,
         stream: true,
+        passthrough: None,
     };
     let t0 = Instant::now();
     let generation = node.local.generate(Job {

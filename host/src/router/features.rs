@@ -44,6 +44,22 @@ pub struct Extracted {
     pub cache: CacheScope,
 }
 
+/// Every string in a JSON value, keys of objects included (a tool's
+/// argument names are text too).
+fn strings<'a>(value: &'a serde_json::Value, out: &mut Vec<&'a str>) {
+    match value {
+        serde_json::Value::String(s) => out.push(s),
+        serde_json::Value::Array(items) => items.iter().for_each(|v| strings(v, out)),
+        serde_json::Value::Object(object) => {
+            for (key, v) in object {
+                out.push(key);
+                strings(v, out);
+            }
+        }
+        _ => {}
+    }
+}
+
 /// Every declared and detected level of a request.
 pub fn collect_sensitivity(
     request: &Prepared,
@@ -77,13 +93,37 @@ pub fn collect_sensitivity(
         set.add(Source::Body, level);
     }
     if guard.detect_pii {
-        // Every message, and the metadata's text values (a client may put
-        // a customer's email in `metadata.user`).
+        // Every message, the metadata's text values (a client may put a
+        // customer's email in `metadata.user`), and every other string of
+        // the request: an upstream receives the client's body as sent, so
+        // tool arguments and results, names and unknown fields are judged
+        // too.
+        let mut others = Vec::new();
+        for (key, value) in &request.passthrough {
+            if key != "messages" {
+                strings(value, &mut others);
+            }
+        }
+        if let Some(messages) = request
+            .passthrough
+            .get("messages")
+            .and_then(|m| m.as_array())
+        {
+            for message in messages {
+                for (key, value) in message.as_object().into_iter().flatten() {
+                    // `content` is in `request.messages` already.
+                    if key != "content" {
+                        strings(value, &mut others);
+                    }
+                }
+            }
+        }
         let texts = request
             .messages
             .iter()
             .map(|(_, text)| text.as_str())
-            .chain(request.metadata.values().filter_map(|v| v.as_str()));
+            .chain(request.metadata.values().filter_map(|v| v.as_str()))
+            .chain(others);
         for kind in detector.scan(texts) {
             set.add(Source::Detected(kind), Sensitivity::Restricted);
         }
@@ -241,6 +281,22 @@ mod tests {
         let guard = GuardConfig::default();
         let detector = Detector::new(&guard).unwrap();
         collect_sensitivity(&request(metadata), &signals, &guard, &detector).level()
+    }
+
+    #[test]
+    fn text_in_tool_calls_and_unknown_fields_is_judged_too() {
+        let guard = GuardConfig::default();
+        let detector = Detector::new(&guard).unwrap();
+        for body in [
+            r#"{"model":"auto","messages":[{"role":"user","content":"go"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"pay","arguments":"{\"card\":\"4111 1111 1111 1111\"}"}}]}]}"#,
+            r#"{"model":"auto","messages":[{"role":"user","content":"go"}],"user":"jane.doe@example.com"}"#,
+        ] {
+            let request =
+                super::super::request::parse(body.as_bytes(), &Limits::default(), "t".into(), 0)
+                    .unwrap();
+            let set = collect_sensitivity(&request, &Signals::default(), &guard, &detector);
+            assert_eq!(set.level(), Sensitivity::Restricted, "{body}");
+        }
     }
 
     #[test]

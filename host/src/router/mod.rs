@@ -72,6 +72,8 @@ pub enum Failure {
 #[derive(Debug, Clone)]
 pub struct Finished {
     pub text: String,
+    /// An upstream's answer message, returned as it wrote it (tool calls).
+    pub message: Option<serde_json::Value>,
     pub finish_reason: String,
     pub usage: Usage,
 }
@@ -266,7 +268,7 @@ pub async fn dispatch(decided: Decided) -> Result<Served, Failure> {
         tried.push(target.clone());
         ctx.hops = tried.len();
         if target.kind() == TargetKind::Local
-            && let Some(failure) = ctx.too_long_for_local()
+            && let Some(failure) = ctx.local_cannot_serve()
         {
             placement = ctx.next_hop(&failure, &reason);
             continue;
@@ -361,8 +363,12 @@ impl Context {
         self.with_view(|view| guard::after_local_failure(failure, reason, self.facts(), view))
     }
 
-    /// The local model cannot take a prompt longer than its context.
-    fn too_long_for_local(&self) -> Option<LocalFailure> {
+    /// What the local model cannot serve: a request that needs an
+    /// upstream (tool calls), or a prompt longer than its context.
+    fn local_cannot_serve(&self) -> Option<LocalFailure> {
+        if let Some(what) = self.request.needs_cloud {
+            return Some(LocalFailure::Unsupported(what.to_string()));
+        }
         let context = self.node.config.local.context_size;
         let prompt_tokens = self.features().prompt_tokens;
         (prompt_tokens + 1 > context).then_some(LocalFailure::TooLong {
@@ -374,14 +380,13 @@ impl Context {
     fn launch(&self, target: Target, reason: String) -> Run {
         let cache = self.extracted.cache.clone();
         let taint = self.taint(&reason);
-        Run::launch(
-            &self.node,
-            target,
-            reason,
-            self.chat_request(),
-            taint,
-            cache,
-        )
+        let mut request = self.chat_request();
+        // Only an upstream gets the client's own body: the local model is
+        // served from the fields the node interprets.
+        if target.kind() == TargetKind::Cloud {
+            request.passthrough = serde_json::to_string(&self.request.passthrough).ok();
+        }
+        Run::launch(&self.node, target, reason, request, taint, cache)
     }
 
     fn taint(&self, reason: &str) -> Taint {
@@ -447,6 +452,7 @@ impl Context {
             top_p: r.top_p,
             seed: r.seed,
             stream: r.stream,
+            passthrough: None,
         }
     }
 
@@ -522,6 +528,9 @@ impl Context {
         };
         Finished {
             text: completion.text,
+            message: completion
+                .message
+                .and_then(|m| serde_json::from_str(&m).ok()),
             finish_reason: completion.finish_reason,
             usage: Usage {
                 prompt_tokens,

@@ -61,6 +61,14 @@ pub struct Prepared {
     pub stream: bool,
     pub include_usage: bool,
     pub metadata: Map<String, Value>,
+    /// The client's request as sent, less `metadata` (edgeroute's labels):
+    /// what a cloud upstream receives, so fields the node does not
+    /// interpret (tools, tool_choice, response_format, unknown ones) reach
+    /// it unchanged.
+    pub passthrough: Map<String, Value>,
+    /// What only an upstream can serve (tool calls, a response format):
+    /// such a request goes to the cloud when it may leave, else a 400.
+    pub needs_cloud: Option<&'static str>,
 }
 
 /// Parse JSON refusing duplicate keys anywhere, in the one pass that
@@ -237,6 +245,12 @@ pub fn parse(body: &[u8], limits: &Limits, id: String, created: u64) -> Result<P
         return Err(Invalid::request("the request body is not valid UTF-8"));
     }
     let value = strict_json(body)?;
+    let mut passthrough = match &value {
+        Value::Object(object) => object.clone(),
+        _ => Map::new(),
+    };
+    passthrough.remove("metadata");
+    let needs_cloud = needs_cloud(&passthrough);
     let request = ChatCompletionRequest::deserialize(value)
         .map_err(|e| Invalid::request(format!("invalid chat completion request: {e}")))?;
     if request.messages.is_empty() {
@@ -275,6 +289,12 @@ pub fn parse(body: &[u8], limits: &Limits, id: String, created: u64) -> Result<P
     if messages.iter().all(|(_, text)| text.trim().is_empty()) {
         return Err(Invalid::request("every message is empty").param("messages"));
     }
+    if request.stream && needs_cloud == Some(TOOLS) {
+        return Err(Invalid::request(
+            "streamed tool calls are not relayed yet: send this request with \"stream\": false",
+        )
+        .param("stream"));
+    }
     if let Some(n) = request.n
         && n != 1
     {
@@ -308,7 +328,40 @@ pub fn parse(body: &[u8], limits: &Limits, id: String, created: u64) -> Result<P
         stream: request.stream,
         include_usage: request.stream_options.is_some_and(|o| o.include_usage),
         metadata: request.metadata.unwrap_or_default(),
+        passthrough,
+        needs_cloud,
     })
+}
+
+const TOOLS: &str = "tool calls";
+
+/// What in a request the local model cannot serve. It has no tool-call
+/// grammar and no JSON-schema decoding; a request that offers tools (unless
+/// `tool_choice` is `none`), carries earlier tool calls, or asks for a
+/// structured response needs an upstream.
+fn needs_cloud(request: &Map<String, Value>) -> Option<&'static str> {
+    let offers_tools = request
+        .get("tools")
+        .and_then(Value::as_array)
+        .is_some_and(|tools| !tools.is_empty())
+        && request.get("tool_choice").and_then(Value::as_str) != Some("none");
+    let has_tool_calls = request
+        .get("messages")
+        .and_then(Value::as_array)
+        .is_some_and(|messages| {
+            messages
+                .iter()
+                .any(|m| m.get("tool_calls").is_some_and(|c| !c.is_null()))
+        });
+    if offers_tools || has_tool_calls {
+        return Some(TOOLS);
+    }
+    let structured = request
+        .get("response_format")
+        .and_then(|f| f.get("type"))
+        .and_then(Value::as_str)
+        .is_some_and(|t| t != "text");
+    structured.then_some("a structured response_format")
 }
 
 #[cfg(test)]

@@ -303,6 +303,7 @@ mod tests {
                 top_p: 1.0,
                 seed: 0,
                 stream: false,
+                passthrough: None,
             },
             stream: None,
             meter: Default::default(),

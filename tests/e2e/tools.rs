@@ -1,0 +1,124 @@
+//! OpenAI compatibility on the cloud path: a tool-call round trip with the
+//! official `openai` client through the recording cloud, every field the
+//! node does not interpret forwarded unchanged, and a request only an
+//! upstream can serve refused (never sent) when it may not leave.
+
+use std::process::Command;
+
+use edgeroute_testkit::{FAKE_TOOL_CALL_ID, FakeCloud, UPSTREAM_MODEL};
+use serde_json::{Value, json};
+
+use crate::EDGEROUTE;
+
+const OPENAI_TOOLS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/openai_tools.py");
+
+#[test]
+fn a_tool_call_round_trip_with_the_openai_client_reaches_the_cloud_unchanged() {
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned());
+    let cloud = FakeCloud::start();
+    let node = EDGEROUTE.start(&cloud);
+    let output = Command::new(&python)
+        .arg(OPENAI_TOOLS)
+        .arg(format!("{}/v1", node.url()))
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("run {python} {OPENAI_TOOLS}: {e} (pip install -r tests/requirements.txt)")
+        });
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "{OPENAI_TOOLS} failed\n{stdout}\n{stderr}\n--- node ---\n{}",
+        node.logs()
+    );
+    // A short prompt would run locally; tools put it in the cloud, and the
+    // reason says why.
+    let call: Value = serde_json::from_str(stdout.lines().next().unwrap()).unwrap();
+    assert_eq!(call["target"], "cloud:frontier", "{stdout}");
+    assert!(
+        call["reason"]
+            .as_str()
+            .unwrap()
+            .contains("cannot serve tool calls"),
+        "{stdout}"
+    );
+    assert_eq!(call["tool_calls"][0]["id"], FAKE_TOOL_CALL_ID, "{stdout}");
+
+    let sent = cloud.chat_requests();
+    assert_eq!(sent.len(), 2, "{}", cloud.describe());
+    let (first, second) = (&sent[0].body, &sent[1].body);
+    // The client's fields as it sent them, with the upstream's model name.
+    assert_eq!(first["model"], UPSTREAM_MODEL);
+    assert_eq!(first["tools"][0]["function"]["name"], "get_weather");
+    assert_eq!(
+        first["tools"][0]["function"]["parameters"]["required"],
+        json!(["city"])
+    );
+    assert_eq!(first["tool_choice"], "auto");
+    assert_eq!(first["x_custom_field"], json!({"kept": true}));
+    // The agent's second turn carries the call and its result.
+    let messages = second["messages"].as_array().unwrap();
+    assert_eq!(
+        messages[1]["tool_calls"][0]["id"], FAKE_TOOL_CALL_ID,
+        "{second}"
+    );
+    assert_eq!(messages[2]["role"], "tool");
+    assert_eq!(messages[2]["tool_call_id"], FAKE_TOOL_CALL_ID);
+}
+
+#[test]
+fn a_request_only_an_upstream_can_serve_is_refused_when_it_may_not_leave() {
+    let cloud = FakeCloud::start();
+    let node = EDGEROUTE.start(&cloud);
+    let tools = json!([{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]);
+    let body = |stream: bool| {
+        json!({
+            "model": "auto",
+            "messages": [{"role": "user", "content": "Find the record"}],
+            "tools": tools,
+            "stream": stream,
+            "metadata": {"sensitivity": "restricted"},
+        })
+    };
+    let refused = node.post_chat(body(false), &[]);
+    assert_eq!(refused.status, 400, "{refused:?}");
+    assert_eq!(
+        refused.json()["error"]["code"],
+        "unsupported_locally",
+        "{refused:?}"
+    );
+    // Streamed tool calls are not relayed yet: a clear 400, not a silent
+    // answer without them.
+    let streamed = node.post_chat(body(true), &[]);
+    assert_eq!(streamed.status, 400, "{streamed:?}");
+    assert_eq!(streamed.json()["error"]["param"], "stream", "{streamed:?}");
+    assert!(cloud.chat_requests().is_empty(), "{}", cloud.describe());
+
+    // A public request asking for JSON goes to the cloud, with the fields
+    // the node does not know and without edgeroute's metadata.
+    let resp = node.post_chat(
+        json!({
+            "model": "auto",
+            "messages": [{"role": "user", "content": "hi"}],
+            "response_format": {"type": "json_object"},
+            "logit_bias": {"50256": -100},
+            "metadata": {"task": "greeting"},
+        }),
+        &[],
+    );
+    assert_eq!(resp.status, 200, "{resp:?}");
+    assert_eq!(resp.target(), Some("cloud:frontier"), "{resp:?}");
+    assert!(
+        resp.reason().unwrap().contains("response_format"),
+        "{resp:?}"
+    );
+    let sent = &cloud.chat_requests()[0].body;
+    assert_eq!(
+        sent["response_format"],
+        json!({"type": "json_object"}),
+        "{sent}"
+    );
+    assert_eq!(sent["logit_bias"], json!({"50256": -100}), "{sent}");
+    assert!(sent.get("metadata").is_none(), "{sent}");
+}

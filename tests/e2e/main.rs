@@ -13,8 +13,12 @@
 //! - `policy_languages`: the reference policy in Python, JavaScript and C;
 //! - `prefix`: prefix reuse for agent sessions, and its sensitivity fence;
 //! - `signals`: every feature a policy sees, and the confidence cascade;
+//! - `spin`: a Spin app's `llm::infer` and `generate_embeddings` through
+//!   the node under the real `spin up`, both protocols, tenants' keys;
 //! - `tenants`: client keys, a tenant's sensitivity, targets and rate
-//!   limit, the ledger by tenant.
+//!   limit, the ledger by tenant;
+//! - `tools`: the `openai` client's tool-call round trip through the
+//!   cloud, fields forwarded unchanged.
 //!
 //! Each test starts its own [`FakeCloud`](edgeroute_testkit::FakeCloud) and
 //! node, so tests are independent and may run in parallel.
@@ -31,7 +35,9 @@ mod policy_languages;
 mod policy_swap;
 mod prefix;
 mod signals;
+mod spin;
 mod tenants;
+mod tools;
 
 use edgeroute_testkit::Edgeroute;
 

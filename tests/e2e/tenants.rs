@@ -55,6 +55,18 @@ fn bearer(key: &str) -> String {
     format!("Bearer {key}")
 }
 
+/// Served by the local model, the reason naming `why`.
+#[track_caller]
+fn assert_kept_local(resp: &Resp, why: &str) {
+    assert_eq!(resp.status, 200, "{resp:?}");
+    assert_eq!(
+        resp.target(),
+        Some(format!("local:{LOCAL_MODEL}").as_str()),
+        "{resp:?}"
+    );
+    assert!(resp.reason().unwrap_or_default().contains(why), "{resp:?}");
+}
+
 #[track_caller]
 fn assert_envelope(resp: &Resp, status: u16, code: &str) {
     assert_eq!(resp.status, status, "{resp:?}");
@@ -127,16 +139,7 @@ fn client_keys_name_a_tenant_whose_sensitivity_targets_and_rate_the_node_enforce
             ("x-edgeroute-sensitivity", "public"),
         ],
     );
-    assert_eq!(resp.status, 200, "{resp:?}");
-    assert_eq!(
-        resp.target(),
-        Some(format!("local:{LOCAL_MODEL}").as_str()),
-        "{resp:?}"
-    );
-    assert!(
-        resp.reason().unwrap_or_default().contains("restricted"),
-        "{resp:?}"
-    );
+    assert_kept_local(&resp, "restricted");
     cloud.assert_received(&clinic_canary, 0);
 
     // A tenant limited to the node keeps even public data here, and the
@@ -146,16 +149,7 @@ fn client_keys_name_a_tenant_whose_sensitivity_targets_and_rate_the_node_enforce
         chat(&long_prompt(&edge_canary)),
         &[("authorization", &bearer(&edge))],
     );
-    assert_eq!(resp.status, 200, "{resp:?}");
-    assert_eq!(
-        resp.target(),
-        Some(format!("local:{LOCAL_MODEL}").as_str()),
-        "{resp:?}"
-    );
-    assert!(
-        resp.reason().unwrap_or_default().contains("tenant"),
-        "{resp:?}"
-    );
+    assert_kept_local(&resp, "tenant");
     cloud.assert_received(&edge_canary, 0);
 
     // Two a minute: the third is a 429 with Retry-After, in the envelope.

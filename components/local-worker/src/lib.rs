@@ -101,7 +101,9 @@ impl Guest for LocalWorker {
             let piece = pending.push(&step.token);
             if !piece.is_empty() {
                 text.push_str(&piece);
-                if request.stream && !sink::emit(&piece) {
+                // Called for a whole answer too: the host answers whether
+                // anyone still waits for it.
+                if !sink::emit(&piece) {
                     // The client went away. Dropping the context (on return)
                     // ends the generation in the backend.
                     return Ok(completion(&request, text, "cancelled", None, steps));

@@ -79,6 +79,7 @@ async fn call(node: &Node, at: &Where<'_>, messages: &[Message]) -> anyhow::Resu
         stream: Some(tx),
         meter: meter.clone(),
         cache,
+        waiting: None,
     };
     let t0 = Instant::now();
     // The job owns the only sender: the text channel closes when it ends.

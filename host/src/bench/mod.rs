@@ -123,6 +123,7 @@ async fn through_wasi_nn(node: &Node, model: &str, sampling: Sampling) -> anyhow
         stream: Some(tx),
         meter: Default::default(),
         cache: None,
+        waiting: None,
     });
     let collect = async {
         let mut first = None;

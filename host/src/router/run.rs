@@ -23,6 +23,8 @@ pub(super) struct Run {
     pub started: Instant,
     /// When the first text arrived, if it streamed.
     pub first_text: Option<Instant>,
+    /// Dropped with the run (its client went away): the target stops.
+    _waiting: tokio::sync::oneshot::Sender<()>,
 }
 
 pub(super) enum FirstEvent {
@@ -47,11 +49,13 @@ impl Run {
         // upstream's configured model).
         request.model = String::new();
         let meter = Meter::default();
+        let (waiting_tx, waiting) = tokio::sync::oneshot::channel();
         let job = Job {
             stream: request.stream.then_some(tx),
             request,
             meter: meter.clone(),
             cache: Some(cache),
+            waiting: Some(waiting),
         };
         let node = node.clone();
         let on = target.clone();
@@ -72,6 +76,7 @@ impl Run {
             meter,
             started: Instant::now(),
             first_text: None,
+            _waiting: waiting_tx,
         }
     }
 

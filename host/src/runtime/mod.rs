@@ -109,17 +109,22 @@ impl ResourceLimiter for MemoryCap {
     }
 }
 
-/// Where a target streams its text; `None` when the client did not ask
-/// for a stream.
+/// Where a target streams its text (`tx`, when the client asked for a
+/// stream), and whether anyone still waits for the answer.
 pub struct Sink {
     pub tx: Option<tokio::sync::mpsc::UnboundedSender<String>>,
+    pub waiting: Option<tokio::sync::oneshot::Receiver<()>>,
 }
 
 impl crate::bindings::target::sink::Host for Sink {
+    /// False when the client is gone: a stream's receiver was dropped, or
+    /// the request waiting for a whole answer was.
     fn emit(&mut self, delta: String) -> bool {
-        match &self.tx {
-            Some(tx) => tx.send(delta).is_ok(),
-            None => true,
+        use tokio::sync::oneshot::error::TryRecvError;
+        match (&self.tx, &mut self.waiting) {
+            (Some(tx), _) => tx.send(delta).is_ok(),
+            (None, Some(waiting)) => !matches!(waiting.try_recv(), Err(TryRecvError::Closed)),
+            (None, None) => true,
         }
     }
 }

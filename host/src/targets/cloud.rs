@@ -162,7 +162,10 @@ impl CloudTarget {
                     call: call.clone(),
                     credential: upstream.credential.clone(),
                 },
-                sink: Sink { tx: job.stream },
+                sink: Sink {
+                    tx: job.stream,
+                    waiting: job.waiting,
+                },
             },
         );
         store.set_epoch_deadline(NO_DEADLINE);
@@ -308,6 +311,7 @@ mod tests {
             stream: None,
             meter: Default::default(),
             cache: None,
+            waiting: None,
         };
         let taint = Taint {
             request_id: "snoop".into(),

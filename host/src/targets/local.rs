@@ -133,7 +133,10 @@ impl LocalTarget {
                         wasi: runtime::wasi(&[]),
                         table: ResourceTable::new(),
                         nn,
-                        sink: Sink { tx: job.stream },
+                        sink: Sink {
+                            tx: job.stream,
+                            waiting: job.waiting,
+                        },
                     },
                 );
                 store.set_epoch_deadline(NO_DEADLINE);

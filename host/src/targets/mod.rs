@@ -64,6 +64,10 @@ pub struct Job {
     /// Who may reuse the local model's cached prefix, and whose this
     /// generation's becomes; None: no reuse (benchmarks).
     pub cache: Option<crate::nn::CacheScope>,
+    /// Closed when nobody waits for a non-streamed answer any more (its
+    /// client went away): the target is told through `sink.emit` and
+    /// stops, instead of holding the local model for a lost answer.
+    pub waiting: Option<tokio::sync::oneshot::Receiver<()>>,
 }
 
 pub type TargetResult = Result<Completion, TargetFailure>;

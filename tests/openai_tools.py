@@ -7,7 +7,8 @@ Usage: python3 tests/openai_tools.py http://127.0.0.1:8080/v1
 1. ask with a `get_weather` tool (plus an unknown field through `extra_body`):
    the answer must be a tool call, with finish_reason "tool_calls";
 2. send the tool's result back (the assistant's tool call and a `tool`
-   message): the answer must be text.
+   message): the answer must be text;
+3. the first call again, streamed: the tool call must arrive whole.
 Prints one JSON line per step; exits non-zero with a message on failure. The
 end-to-end test (tests/e2e/tools.rs) checks what reached the recording cloud.
 """
@@ -64,6 +65,22 @@ def main():
     print(json.dumps({"step": "answer", "content": text}), flush=True)
     if not text or "18C and sunny" not in text:
         print(f"FAIL: the answer does not use the tool's result: {text!r}", file=sys.stderr)
+        return 1
+    # 3. the same call streamed: the SDK assembles the tool call from the
+    # relayed deltas.
+    stream = client.chat.completions.create(
+        model="auto", messages=messages[:1], tools=TOOLS, stream=True,
+    )
+    name, arguments, finish = "", "", None
+    for chunk in stream:
+        for choice in chunk.choices:
+            for call in choice.delta.tool_calls or []:
+                name += call.function.name or ""
+                arguments += call.function.arguments or ""
+            finish = choice.finish_reason or finish
+    print(json.dumps({"step": "stream", "name": name, "arguments": arguments, "finish_reason": finish}), flush=True)
+    if name != "get_weather" or json.loads(arguments or "null") != {"city": "Paris"} or finish != "tool_calls":
+        print("FAIL: the streamed tool call did not arrive whole", file=sys.stderr)
         return 1
     print("OK: tool-call round trip", flush=True)
     return 0

@@ -46,7 +46,9 @@ fn a_tool_call_round_trip_with_the_openai_client_reaches_the_cloud_unchanged() {
     assert_eq!(call["tool_calls"][0]["id"], FAKE_TOOL_CALL_ID, "{stdout}");
 
     let sent = cloud.chat_requests();
-    assert_eq!(sent.len(), 2, "{}", cloud.describe());
+    assert_eq!(sent.len(), 3, "{}", cloud.describe());
+    assert_eq!(sent[2].body["stream"], true);
+    assert_eq!(sent[2].body["tools"], sent[0].body["tools"]);
     let (first, second) = (&sent[0].body, &sent[1].body);
     // The client's fields as it sent them, with the upstream's model name.
     assert_eq!(first["model"], UPSTREAM_MODEL);
@@ -88,11 +90,13 @@ fn a_request_only_an_upstream_can_serve_is_refused_when_it_may_not_leave() {
         "unsupported_locally",
         "{refused:?}"
     );
-    // Streamed tool calls are not relayed yet: a clear 400, not a silent
-    // answer without them.
     let streamed = node.post_chat(body(true), &[]);
     assert_eq!(streamed.status, 400, "{streamed:?}");
-    assert_eq!(streamed.json()["error"]["param"], "stream", "{streamed:?}");
+    assert_eq!(
+        streamed.json()["error"]["code"],
+        "unsupported_locally",
+        "{streamed:?}"
+    );
     assert!(cloud.chat_requests().is_empty(), "{}", cloud.describe());
 
     // A public request asking for JSON goes to the cloud, with the fields

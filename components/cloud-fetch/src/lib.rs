@@ -360,6 +360,14 @@ fn parse_reply(bytes: &[u8]) -> Result<UpstreamReply, TargetError> {
     Ok(reply)
 }
 
+/// The chunk's `choices[0].delta` as JSON text, when it carries tool calls.
+fn tool_call_delta(chunk: &str) -> Option<String> {
+    let chunk: serde_json::Value = serde_json::from_str(chunk).ok()?;
+    let delta = chunk.pointer("/choices/0/delta")?;
+    let calls = delta.get("tool_calls").or_else(|| delta.get("function_call"))?;
+    (!calls.is_null()).then(|| delta.to_string())
+}
+
 fn read_whole(request: &ChatRequest, stream: &InputStream) -> Result<Completion, TargetError> {
     let body = read_to_end(stream, usize::MAX)?;
     let reply = parse_reply(&body)?;
@@ -418,6 +426,18 @@ fn read_stream(request: &ChatRequest, stream: &InputStream) -> Result<Completion
                 continue;
             };
             finish = choice.finish_reason.or(finish);
+            // A passthrough stream's tool-call pieces go to the client as
+            // the upstream wrote them.
+            if request.passthrough.is_some()
+                && let Some(raw) = tool_call_delta(&data)
+            {
+                chunks += 1;
+                if !sink::emit_raw(&raw) {
+                    finish = Some("cancelled".into());
+                    break 'read;
+                }
+                continue;
+            }
             let delta = choice.delta.and_then(|d| d.content).unwrap_or_default();
             if delta.is_empty() {
                 continue;

@@ -263,10 +263,37 @@ fn fake_chat_completion(request: &Value) -> Response {
             json!({"role": "assistant", "content": ""}),
             Value::Null,
         )];
-        for piece in CLOUD_REPLY_PIECES {
-            events.push(chunk(json!({"content": piece}), Value::Null));
+        match tool_turn(request, messages) {
+            // A tool call streams as OpenAI's do: the id and name first,
+            // then the arguments in pieces.
+            Some((message, "tool_calls")) => {
+                let call = &message["tool_calls"][0];
+                events.push(chunk(
+                    json!({"tool_calls": [{"index": 0, "id": call["id"], "type": "function",
+                        "function": {"name": call["function"]["name"], "arguments": ""}}]}),
+                    Value::Null,
+                ));
+                let arguments = FAKE_TOOL_ARGUMENTS;
+                let (head, tail) = arguments.split_at(arguments.len() / 2);
+                for piece in [head, tail] {
+                    events.push(chunk(
+                        json!({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}),
+                        Value::Null,
+                    ));
+                }
+                events.push(chunk(json!({}), json!("tool_calls")));
+            }
+            Some((message, _)) => {
+                events.push(chunk(json!({"content": message["content"]}), Value::Null));
+                events.push(chunk(json!({}), json!("stop")));
+            }
+            None => {
+                for piece in CLOUD_REPLY_PIECES {
+                    events.push(chunk(json!({"content": piece}), Value::Null));
+                }
+                events.push(chunk(json!({}), json!("stop")));
+            }
         }
-        events.push(chunk(json!({}), json!("stop")));
         let include_usage = request
             .pointer("/stream_options/include_usage")
             .and_then(Value::as_bool)

@@ -14,6 +14,7 @@ mod spin;
 
 use crate::node::Node;
 use crate::router::{self, Finished, Output, Route, Served, Signals, Stream};
+use crate::targets::Delta;
 use crate::tenants::Tenant;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -388,13 +389,14 @@ impl Sse {
                     Ok(finished)
                 }
                 Relay::Stream(mut stream) => {
-                    while let Some(text) = stream.next().await {
+                    while let Some(delta) = stream.next().await {
+                        let delta = match delta {
+                            Delta::Text(text) => json!({ "content": text }),
+                            // An upstream's tool-call delta, as it wrote it.
+                            Delta::Raw(delta) => delta,
+                        };
                         // A closed client is noticed by the target through its sink.
-                        if tx
-                            .send(self.chunk(json!({ "content": text }), None))
-                            .await
-                            .is_err()
-                        {
+                        if tx.send(self.chunk(delta, None)).await.is_err() {
                             break;
                         }
                     }

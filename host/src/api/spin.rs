@@ -116,7 +116,7 @@ async fn collect(output: Output) -> Result<Finished, ApiError> {
     };
     let mut text = String::new();
     while let Some(delta) = stream.next().await {
-        text.push_str(&delta);
+        text.push_str(delta.text());
     }
     let finished = stream.finish().await.map_err(|failure| {
         ApiError::new(

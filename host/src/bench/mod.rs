@@ -130,7 +130,7 @@ async fn through_wasi_nn(node: &Node, model: &str, sampling: Sampling) -> anyhow
         let mut text = String::new();
         while let Some(delta) = rx.recv().await {
             first.get_or_insert_with(Instant::now);
-            text.push_str(&delta);
+            text.push_str(delta.text());
         }
         (first, text)
     };

@@ -15,7 +15,7 @@ use super::run::{self, FirstEvent, Run};
 
 use super::{Context, Failure, Leg, Served};
 use crate::bindings::target::Completion;
-use crate::targets::TargetFailure;
+use crate::targets::{Delta, TargetFailure};
 use edgeroute_core::guard::{self, Placement};
 use edgeroute_core::{Target, Usage};
 use std::collections::VecDeque;
@@ -105,7 +105,7 @@ impl Context {
     async fn resume(
         self,
         run: Run,
-        held: VecDeque<String>,
+        held: VecDeque<Delta>,
         ended: Option<Result<Completion, TargetFailure>>,
     ) -> Result<Served, Failure> {
         match ended {

@@ -18,8 +18,8 @@ use crate::bindings::target::{ChatRequest, Completion, Message};
 use crate::metrics::ReasonClass;
 use crate::node::Node;
 use crate::policy::PolicyVersion;
-use crate::targets::Taint;
 use crate::targets::TargetFailure;
+use crate::targets::{Delta, Taint};
 use cascade::Judge;
 use edgeroute_core::guard::{self, Facts, LocalFailure, NodeView, Placement};
 use edgeroute_core::{
@@ -572,7 +572,7 @@ impl Context {
     }
 
     /// Text is flowing: `held` is what arrived before the answer began.
-    fn answer_streaming(self, run: Run, held: VecDeque<String>) -> Served {
+    fn answer_streaming(self, run: Run, held: VecDeque<Delta>) -> Served {
         let route = self.run_route(&run);
         let served = self.served(&run, route);
         served(Output::Streaming(Box::new(Stream {
@@ -736,11 +736,11 @@ pub struct Stream {
     run: Run,
     /// Text that arrived before the answer began (one piece, or the tokens
     /// a cascade held back while judging).
-    pending: VecDeque<String>,
+    pending: VecDeque<Delta>,
 }
 
 impl Stream {
-    pub async fn next(&mut self) -> Option<String> {
+    pub async fn next(&mut self) -> Option<Delta> {
         match self.pending.pop_front() {
             Some(delta) => Some(delta),
             None => self.run.deltas.recv().await,

@@ -289,12 +289,6 @@ pub fn parse(body: &[u8], limits: &Limits, id: String, created: u64) -> Result<P
     if messages.iter().all(|(_, text)| text.trim().is_empty()) {
         return Err(Invalid::request("every message is empty").param("messages"));
     }
-    if request.stream && needs_cloud == Some(TOOLS) {
-        return Err(Invalid::request(
-            "streamed tool calls are not relayed yet: send this request with \"stream\": false",
-        )
-        .param("stream"));
-    }
     if let Some(n) = request.n
         && n != 1
     {
@@ -333,8 +327,6 @@ pub fn parse(body: &[u8], limits: &Limits, id: String, created: u64) -> Result<P
     })
 }
 
-const TOOLS: &str = "tool calls";
-
 /// What in a request the local model cannot serve. It has no tool-call
 /// grammar and no JSON-schema decoding; a request that offers tools (unless
 /// `tool_choice` is `none`), carries earlier tool calls, or asks for a
@@ -354,7 +346,7 @@ fn needs_cloud(request: &Map<String, Value>) -> Option<&'static str> {
                 .any(|m| m.get("tool_calls").is_some_and(|c| !c.is_null()))
         });
     if offers_tools || has_tool_calls {
-        return Some(TOOLS);
+        return Some("tool calls");
     }
     let structured = request
         .get("response_format")

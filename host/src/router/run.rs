@@ -6,7 +6,7 @@
 use crate::bindings::target::{ChatRequest, Completion};
 use crate::nn::{CacheScope, Meter};
 use crate::node::Node;
-use crate::targets::{Job, Taint, TargetFailure, TargetResult};
+use crate::targets::{Delta, Job, Taint, TargetFailure, TargetResult};
 use edgeroute_core::Target;
 use std::sync::Arc;
 use std::time::Instant;
@@ -16,7 +16,7 @@ use tokio::task::JoinHandle;
 pub(super) struct Run {
     pub target: Target,
     pub reason: String,
-    pub deltas: UnboundedReceiver<String>,
+    pub deltas: UnboundedReceiver<Delta>,
     pub task: JoinHandle<TargetResult>,
     /// The local model's confidence so far (empty for other targets).
     pub meter: Meter,
@@ -28,7 +28,7 @@ pub(super) struct Run {
 }
 
 pub(super) enum FirstEvent {
-    Delta(String),
+    Delta(Delta),
     Ended(Result<Completion, TargetFailure>),
 }
 

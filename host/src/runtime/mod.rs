@@ -112,7 +112,7 @@ impl ResourceLimiter for MemoryCap {
 /// Where a target streams its text (`tx`, when the client asked for a
 /// stream), and whether anyone still waits for the answer.
 pub struct Sink {
-    pub tx: Option<tokio::sync::mpsc::UnboundedSender<String>>,
+    pub tx: Option<tokio::sync::mpsc::UnboundedSender<crate::targets::Delta>>,
     pub waiting: Option<tokio::sync::oneshot::Receiver<()>>,
 }
 
@@ -122,9 +122,22 @@ impl crate::bindings::target::sink::Host for Sink {
     fn emit(&mut self, delta: String) -> bool {
         use tokio::sync::oneshot::error::TryRecvError;
         match (&self.tx, &mut self.waiting) {
-            (Some(tx), _) => tx.send(delta).is_ok(),
+            (Some(tx), _) => tx.send(crate::targets::Delta::Text(delta)).is_ok(),
             (None, Some(waiting)) => !matches!(waiting.try_recv(), Err(TryRecvError::Closed)),
             (None, None) => true,
+        }
+    }
+
+    /// A delta that is not JSON is the component's error: it is dropped
+    /// (the client keeps a well-formed stream) and the target told to stop.
+    fn emit_raw(&mut self, delta: String) -> bool {
+        let Ok(value) = serde_json::from_str::<serde_json::Value>(&delta) else {
+            tracing::warn!("a target streamed a raw delta that is not JSON; stopping it");
+            return false;
+        };
+        match &self.tx {
+            Some(tx) => tx.send(crate::targets::Delta::Raw(value)).is_ok(),
+            None => true,
         }
     }
 }

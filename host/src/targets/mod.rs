@@ -54,10 +54,29 @@ impl From<TargetError> for TargetFailure {
     }
 }
 
+/// One piece of a streamed answer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Delta {
+    Text(String),
+    /// An upstream's delta that is more than text (`tool_calls`), relayed
+    /// to the client as the upstream wrote it.
+    Raw(serde_json::Value),
+}
+
+impl Delta {
+    /// The text this piece adds to the answer (none for a raw delta).
+    pub fn text(&self) -> &str {
+        match self {
+            Delta::Text(text) => text,
+            Delta::Raw(_) => "",
+        }
+    }
+}
+
 /// A request on its way to a target, with where streamed text goes.
 pub struct Job {
     pub request: ChatRequest,
-    pub stream: Option<UnboundedSender<String>>,
+    pub stream: Option<UnboundedSender<Delta>>,
     /// Where a local model reports its confidence as it generates; a
     /// target that cannot measure it leaves it empty.
     pub meter: crate::nn::Meter,

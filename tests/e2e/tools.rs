@@ -5,7 +5,7 @@
 
 use std::process::Command;
 
-use edgeroute_testkit::{FAKE_TOOL_CALL_ID, FakeCloud, UPSTREAM_MODEL};
+use edgeroute_testkit::{FAKE_RATE_LIMIT, FAKE_TOOL_CALL_ID, FakeCloud, UPSTREAM_MODEL};
 use serde_json::{Value, json};
 
 use crate::EDGEROUTE;
@@ -125,4 +125,49 @@ fn a_request_only_an_upstream_can_serve_is_refused_when_it_may_not_leave() {
     );
     assert_eq!(sent["logit_bias"], json!({"50256": -100}), "{sent}");
     assert!(sent.get("metadata").is_none(), "{sent}");
+}
+
+#[test]
+fn an_upstream_429_reaches_the_client_with_its_retry_after_and_costs_nothing() {
+    let cloud = FakeCloud::start();
+    let node = EDGEROUTE.start(&cloud);
+    // Only the cloud can serve tools: the upstream's 429 is the answer.
+    let resp = node.post_chat(
+        json!({
+            "model": "auto",
+            "messages": [{"role": "user", "content": format!("Look it up. {FAKE_RATE_LIMIT}")}],
+            "tools": [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}],
+        }),
+        &[],
+    );
+    assert_eq!(resp.status, 429, "{resp:?}");
+    assert_eq!(
+        resp.json()["error"]["code"],
+        "rate_limit_exceeded",
+        "{resp:?}"
+    );
+    assert_eq!(resp.header("retry-after"), Some("7"), "{resp:?}");
+    // A public prompt the local model can take is served there instead.
+    let long = format!(
+        "{FAKE_RATE_LIMIT}. Summarise: {}",
+        ["the ferry timetable changed twice this winter and the harbour office posted new notices";
+            5]
+            .join("; ")
+    );
+    let resp = node.post_chat(
+        json!({"model": "auto", "messages": [{"role": "user", "content": long}], "max_tokens": 8}),
+        &[],
+    );
+    assert_eq!(resp.status, 200, "{resp:?}");
+    assert_eq!(resp.target(), Some("local:smollm2"), "{resp:?}");
+    assert!(resp.reason().unwrap().contains("cloud failed"), "{resp:?}");
+    // Both reached the upstream once, and neither was charged.
+    assert_eq!(
+        cloud.requests_mentioning(FAKE_RATE_LIMIT).len(),
+        2,
+        "{}",
+        cloud.describe()
+    );
+    let ledger = node.get("/ledger").json();
+    assert_eq!(ledger["totals"]["cloud_cost_usd"], 0.0, "{ledger}");
 }

@@ -21,7 +21,7 @@ wit_bindgen::generate!({
     path: "../../wit",
 });
 
-use edgeroute::routing::completion_types::Usage;
+use edgeroute::routing::completion_types::{RateLimit, Usage};
 use edgeroute::routing::sink;
 use exports::edgeroute::routing::generator::{ChatRequest, Completion, Guest, TargetError};
 
@@ -163,16 +163,27 @@ impl Upstream {
                 return Err(TargetError::Internal("response already taken".into()));
             }
         };
+        // Only the delta-seconds form: an HTTP date would need a clock the
+        // component does not need otherwise.
+        let retry_after_s = head
+            .headers()
+            .get("retry-after")
+            .first()
+            .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse::<u32>().ok());
         let response = Response::new(head)?;
 
         let status = response.status;
         if !(200..300).contains(&status) {
             let body = read_to_end(&response.stream, ERROR_BODY_READ_LIMIT).unwrap_or_default();
             let body = String::from_utf8_lossy(&body);
-            return Err(TargetError::Upstream(format!(
-                "HTTP {status}: {}",
-                truncate(body.trim(), ERROR_BODY_CHARS)
-            )));
+            let message = format!("HTTP {status}: {}", truncate(body.trim(), ERROR_BODY_CHARS));
+            if status == 429 {
+                return Err(TargetError::RateLimited(RateLimit {
+                    message,
+                    retry_after_s,
+                }));
+            }
+            return Err(TargetError::Upstream(message));
         }
         Ok(response)
     }

@@ -202,6 +202,17 @@ async fn record_and_answer(State(log): State<Log>, request: axum::extract::Reque
     });
 
     if parts.method == Method::POST && path.ends_with("/chat/completions") {
+        if String::from_utf8_lossy(&bytes).contains(FAKE_RATE_LIMIT) {
+            let mut limited = openai_error(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_exceeded",
+                "fake cloud: slow down",
+            );
+            limited
+                .headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("7"));
+            return limited;
+        }
         fake_chat_completion(&body)
     } else if parts.method == Method::GET && path.ends_with("/models") {
         Json(json!({
@@ -360,6 +371,9 @@ fn tool_turn(request: &Value, messages: &[Value]) -> Option<(Value, &'static str
     });
     Some((message, "tool_calls"))
 }
+
+/// A request whose body holds this gets a 429 with `Retry-After: 7`.
+pub const FAKE_RATE_LIMIT: &str = "FAKE_CLOUD_RATE_LIMIT";
 
 /// The id of the tool call the fake cloud makes.
 pub const FAKE_TOOL_CALL_ID: &str = "call_fake_1";

@@ -45,7 +45,7 @@ mod node;
 mod resp;
 
 pub use browser::Browser;
-pub use cloud::{FAKE_TOOL_ARGUMENTS, FAKE_TOOL_CALL_ID, FakeCloud, Recorded};
+pub use cloud::{FAKE_RATE_LIMIT, FAKE_TOOL_ARGUMENTS, FAKE_TOOL_CALL_ID, FakeCloud, Recorded};
 pub use exclusive::{Exclusive, exclusive};
 pub use names::unique;
 pub use node::{EMBEDDING_NAME, Edgeroute, Node, NodeBuilder};

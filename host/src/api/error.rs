@@ -105,6 +105,9 @@ impl From<Failure> for ApiError {
                     }
                     TargetFailure::BadRequest(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
                     TargetFailure::Upstream(_) => (StatusCode::BAD_GATEWAY, "upstream_error"),
+                    TargetFailure::RateLimited { .. } => {
+                        (StatusCode::TOO_MANY_REQUESTS, "rate_limit_exceeded")
+                    }
                     TargetFailure::Timeout(_) => (StatusCode::GATEWAY_TIMEOUT, "upstream_timeout"),
                     TargetFailure::Internal(_) => {
                         (StatusCode::INTERNAL_SERVER_ERROR, "target_failed")

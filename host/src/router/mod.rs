@@ -558,8 +558,14 @@ impl Context {
             Ok(completion) => completion,
             Err(failure) => {
                 self.account(&run, false, Usage::default()).await;
-                if let TargetFailure::Busy(_) = failure {
-                    route.retry_after_s = Some(self.retry_after_s());
+                match failure {
+                    TargetFailure::Busy(_) => route.retry_after_s = Some(self.retry_after_s()),
+                    // The upstream's own word on when to come back.
+                    TargetFailure::RateLimited {
+                        retry_after_s: Some(s),
+                        ..
+                    } => route.retry_after_s = Some(s),
+                    _ => {}
                 }
                 return Err(Failure::Target { failure, route });
             }

@@ -222,6 +222,13 @@ fn redact(failure: TargetFailure, credential: &Credential) -> TargetFailure {
         TargetFailure::Unavailable(m) => TargetFailure::Unavailable(credential.redact(&m)),
         TargetFailure::BadRequest(m) => TargetFailure::BadRequest(credential.redact(&m)),
         TargetFailure::Upstream(m) => TargetFailure::Upstream(credential.redact(&m)),
+        TargetFailure::RateLimited {
+            message,
+            retry_after_s,
+        } => TargetFailure::RateLimited {
+            message: credential.redact(&message),
+            retry_after_s,
+        },
         TargetFailure::Internal(m) => TargetFailure::Internal(credential.redact(&m)),
         other => other,
     }

@@ -37,6 +37,11 @@ pub enum TargetFailure {
     BadRequest(String),
     #[error("upstream error: {0}")]
     Upstream(String),
+    #[error("the upstream is rate-limiting: {message}")]
+    RateLimited {
+        message: String,
+        retry_after_s: Option<u32>,
+    },
     #[error("{0}")]
     Internal(String),
     #[error("timed out after {0} ms")]
@@ -49,6 +54,10 @@ impl From<TargetError> for TargetFailure {
             TargetError::Unavailable(m) => TargetFailure::Unavailable(m),
             TargetError::BadRequest(m) => TargetFailure::BadRequest(m),
             TargetError::Upstream(m) => TargetFailure::Upstream(m),
+            TargetError::RateLimited(r) => TargetFailure::RateLimited {
+                message: r.message,
+                retry_after_s: r.retry_after_s,
+            },
             TargetError::Internal(m) => TargetFailure::Internal(m),
         }
     }

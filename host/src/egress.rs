@@ -84,6 +84,68 @@ pub struct EgressHooks {
     /// Added only to requests for this upstream's origin: another allowed
     /// host (a second upstream) must not receive this one's key.
     pub credential: Option<Credential>,
+    /// The node's one pool of upstream connections ([`upstream_client`]).
+    pub client: reqwest::Client,
+}
+
+/// The node's client for every upstream call. Connections are kept and
+/// reused (HTTP/1.1 keep-alive; HTTP/2 when the server offers it by ALPN),
+/// where wasmtime's default sender opens a new TCP and TLS connection per
+/// request. No redirects and no proxy from the environment: the guard
+/// checked this request's host, and only that host may receive it.
+pub fn upstream_client() -> anyhow::Result<reqwest::Client> {
+    Ok(reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .tcp_nodelay(true)
+        .pool_idle_timeout(std::time::Duration::from_secs(90))
+        .build()?)
+}
+
+/// Send a request the guard let out through the shared pool, with the
+/// guest's connect and first-byte timeouts.
+async fn send_pooled(
+    client: reqwest::Client,
+    request: http::Request<WasiBody>,
+    options: Option<RequestOptions>,
+) -> Result<http::Response<WasiBody>, HttpError> {
+    use http_body_util::{BodyDataStream, BodyExt, StreamBody};
+    use tokio_stream::StreamExt;
+    let (parts, body) = request.into_parts();
+    let request = client
+        .request(parts.method, parts.uri.to_string())
+        .headers(parts.headers)
+        .body(reqwest::Body::wrap_stream(BodyDataStream::new(body)));
+    // The connect timeout bounds the wait for the head too when the guest
+    // gave no first-byte timeout: a pooled connection skips the connect.
+    let wait = options
+        .and_then(|o| o.first_byte_timeout.or(o.connect_timeout))
+        .unwrap_or(std::time::Duration::from_secs(600));
+    let response = match tokio::time::timeout(wait, request.send()).await {
+        Ok(response) => response.map_err(http_error)?,
+        Err(_) => return Err(HttpError::ConnectionTimeout),
+    };
+    let mut head = http::Response::builder()
+        .status(response.status())
+        .version(response.version());
+    if let Some(headers) = head.headers_mut() {
+        *headers = response.headers().clone();
+    }
+    let frames = response
+        .bytes_stream()
+        .map(|chunk| chunk.map(hyper::body::Frame::data).map_err(http_error));
+    head.body(StreamBody::new(frames).boxed_unsync())
+        .map_err(|e| HttpError::InternalError(Some(e.to_string())))
+}
+
+fn http_error(error: reqwest::Error) -> HttpError {
+    if error.is_timeout() {
+        HttpError::ConnectionTimeout
+    } else if error.is_connect() {
+        HttpError::ConnectionRefused
+    } else {
+        HttpError::InternalError(Some(error.to_string()))
+    }
 }
 
 /// An upstream's API key as the `Authorization` header the host adds for
@@ -234,13 +296,12 @@ impl WasiHttpHooks for EgressHooks {
                 .headers_mut()
                 .insert(header::AUTHORIZATION, credential.authorization.clone());
         }
+        let client = self.client.clone();
         Box::new(async move {
-            use http_body_util::BodyExt;
-            let (response, io) = wasmtime_wasi_http::default_send_request(request, options).await?;
-            Ok((
-                response.map(BodyExt::boxed_unsync),
-                Box::new(io) as Box<dyn Future<Output = _> + Send>,
-            ))
+            let response = send_pooled(client, request, options).await?;
+            // The pool drives its connections; nothing to run per request.
+            let io = async { Ok(()) };
+            Ok((response, Box::new(io) as Box<dyn Future<Output = _> + Send>))
         })
     }
 }
@@ -289,6 +350,7 @@ mod tests {
             audit: Arc::default(),
             call: Arc::default(),
             credential: None,
+            client: upstream_client().unwrap(),
         }
     }
 
@@ -311,6 +373,7 @@ mod tests {
             audit: Arc::default(),
             call: Arc::default(),
             credential: Some(Credential::bearer(&format!("http://{upstream}/v1"), KEY).unwrap()),
+            client: upstream_client().unwrap(),
         }
     }
 

@@ -171,3 +171,25 @@ fn an_upstream_429_reaches_the_client_with_its_retry_after_and_costs_nothing() {
     let ledger = node.get("/ledger").json();
     assert_eq!(ledger["totals"]["cloud_cost_usd"], 0.0, "{ledger}");
 }
+
+#[test]
+fn upstream_connections_are_pooled_and_reused() {
+    let cloud = FakeCloud::start();
+    let node = EDGEROUTE.start(&cloud);
+    // Requests only the cloud serves, one after another.
+    for i in 0..20 {
+        let resp = node.post_chat(
+            json!({
+                "model": "auto",
+                "messages": [{"role": "user", "content": format!("Request {i} as JSON.")}],
+                "response_format": {"type": "json_object"},
+            }),
+            &[],
+        );
+        assert_eq!(resp.status, 200, "{resp:?}");
+    }
+    assert_eq!(cloud.chat_requests().len(), 20);
+    // One connection, kept alive between calls (a new one per request
+    // before the pool).
+    assert_eq!(cloud.connections(), 1, "connections opened for 20 calls");
+}

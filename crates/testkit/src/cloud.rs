@@ -59,6 +59,8 @@ type Log = Arc<Mutex<Vec<Recorded>>>;
 pub struct FakeCloud {
     addr: SocketAddr,
     log: Log,
+    /// TCP connections accepted so far.
+    connections: Arc<std::sync::atomic::AtomicUsize>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -72,6 +74,8 @@ impl FakeCloud {
             .expect("fake cloud: set_nonblocking");
         let addr = listener.local_addr().expect("fake cloud: local_addr");
         let log: Log = Arc::default();
+        let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let accepted = connections.clone();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let app = Router::new()
             .fallback(record_and_answer)
@@ -84,8 +88,12 @@ impl FakeCloud {
                     .build()
                     .expect("fake cloud: tokio runtime");
                 runtime.block_on(async move {
+                    use axum::serve::ListenerExt;
                     let listener = tokio::net::TcpListener::from_std(listener)
-                        .expect("fake cloud: tokio listener");
+                        .expect("fake cloud: tokio listener")
+                        .tap_io(move |_| {
+                            accepted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        });
                     tokio::select! {
                         served = axum::serve(listener, app).into_future() => {
                             if let Err(e) = served {
@@ -101,6 +109,7 @@ impl FakeCloud {
         FakeCloud {
             addr,
             log,
+            connections,
             stop: Some(stop_tx),
             thread: Some(thread),
         }
@@ -109,6 +118,11 @@ impl FakeCloud {
     /// The base URL to configure as an upstream: `http://127.0.0.1:PORT/v1`.
     pub fn url(&self) -> String {
         format!("http://{}/v1", self.addr)
+    }
+
+    /// TCP connections the fake cloud has accepted so far.
+    pub fn connections(&self) -> usize {
+        self.connections.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Every request received so far, in arrival order.

@@ -59,6 +59,8 @@ pub struct CloudTarget {
     allowed_hosts: Arc<HashSet<String>>,
     timeout: Duration,
     pub audit: Arc<EgressAudit>,
+    /// One pool of connections for every call to every upstream.
+    client: reqwest::Client,
 }
 
 /// The client request behind a cloud call, as the egress guard sees it:
@@ -107,6 +109,7 @@ impl CloudTarget {
             allowed_hosts: Arc::new(allowed),
             timeout,
             audit: Arc::new(EgressAudit::with_log(audit_log)),
+            client: crate::egress::upstream_client()?,
         })
     }
 
@@ -161,6 +164,7 @@ impl CloudTarget {
                     audit: self.audit.clone(),
                     call: call.clone(),
                     credential: upstream.credential.clone(),
+                    client: self.client.clone(),
                 },
                 sink: Sink {
                     tx: job.stream,

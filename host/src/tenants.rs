@@ -91,7 +91,7 @@ pub struct Clients {
 
 impl Clients {
     pub fn from_config(config: &Config) -> anyhow::Result<Self> {
-        let mut keys = Vec::new();
+        let mut keys: Vec<([u8; 32], Arc<Tenant>)> = Vec::new();
         for (name, tenant_config) in &config.tenants {
             let tenant = Arc::new(Tenant::from_config(name, tenant_config));
             let mut digests = Vec::new();
@@ -118,6 +118,23 @@ impl Clients {
                 bail!(
                     "tenants.{name} has no key: add keys_sha256 (`edgeroute key new {name}`) or keys_env"
                 );
+            }
+            // Targets name where requests may run; every request can run
+            // locally (the guard's fallback), so `local` must be there.
+            if !tenant_config.targets.contains(&TenantTarget::Local) {
+                bail!(
+                    "tenants.{name}.targets must include \"local\" (cloud-only tenants are not supported)"
+                );
+            }
+            // One key, one tenant: a key pasted under a restricted and a
+            // public tenant must not quietly pick one.
+            for digest in &digests {
+                if let Some((_, other)) = keys.iter().find(|(d, _)| d == digest) {
+                    bail!(
+                        "a key of tenants.{name} is also a key of tenants.{}: each key names one tenant",
+                        other.name
+                    );
+                }
             }
             keys.extend(digests.into_iter().map(|d| (d, tenant.clone())));
         }
@@ -280,6 +297,10 @@ mod tests {
             "{error:#}"
         );
         assert!(clients("[tenants.a]\n").is_err());
+        let (_, line) = new_key("a").unwrap();
+        let twice = format!("{line}\n{}", line.replace("tenants.a", "tenants.b"));
+        assert!(format!("{:#}", clients(&twice).err().unwrap()).contains("also a key"));
+        assert!(clients(&format!("{line}\ntargets = [\"cloud\"]\n")).is_err());
         assert!(clients("[tenants.a]\nkeys_sha256 = [\"abc\"]\n").is_err());
     }
 

@@ -310,14 +310,29 @@ fn passthrough_body(request: &ChatRequest, client: &str) -> Result<Vec<u8>, Targ
         .map_err(|e| TargetError::Internal(format!("the passthrough request is not a JSON object: {e}")))?;
     body.insert("model".into(), request.model.clone().into());
     body.insert("stream".into(), request.stream.into());
-    // Whichever length field the client used carries the clamped value.
-    let length_key = if body.contains_key("max_completion_tokens") {
-        "max_completion_tokens"
-    } else {
-        "max_tokens"
-    };
+    // Every length field the client used carries the clamped value (both
+    // may be sent; an upstream reads either).
     if request.max_tokens > 0 {
-        body.insert(length_key.into(), request.max_tokens.into());
+        let mut clamped = false;
+        for key in ["max_completion_tokens", "max_tokens"] {
+            if body.contains_key(key) {
+                body.insert(key.into(), request.max_tokens.into());
+                clamped = true;
+            }
+        }
+        if !clamped {
+            body.insert("max_tokens".into(), request.max_tokens.into());
+        }
+    }
+    // Ask for the usage, so the ledger charges what the upstream counted
+    // (the client gets its own usage chunk from the node when it asked).
+    if request.stream {
+        let options = body
+            .entry("stream_options")
+            .or_insert_with(|| serde_json::json!({}));
+        if let Some(options) = options.as_object_mut() {
+            options.insert("include_usage".into(), true.into());
+        }
     }
     serde_json::to_vec(&body).map_err(|e| TargetError::Internal(format!("encoding request: {e}")))
 }
@@ -376,7 +391,8 @@ fn tool_call_delta(chunk: &str) -> Option<String> {
     let chunk: serde_json::Value = serde_json::from_str(chunk).ok()?;
     let delta = chunk.pointer("/choices/0/delta")?;
     let calls = delta.get("tool_calls").or_else(|| delta.get("function_call"))?;
-    (!calls.is_null()).then(|| delta.to_string())
+    let empty = calls.is_null() || calls.as_array().is_some_and(Vec::is_empty);
+    (!empty).then(|| delta.to_string())
 }
 
 fn read_whole(request: &ChatRequest, stream: &InputStream) -> Result<Completion, TargetError> {

@@ -569,8 +569,11 @@
   async function refresh() {
     const timeout = Math.max(5000, state.intervalMs * 2);
     const [ledger, health, metricsText] = await Promise.all([
-      // A node with client keys shows its whole ledger to the admin token.
-      request('/ledger', state.token ? { headers: adminHeaders() } : null, timeout).then((r) => r.json()),
+      // A node with client keys shows its ledger only to the admin token:
+      // without one, a 401 leaves the ledger panels empty, not the page down.
+      request('/ledger', state.token ? { headers: adminHeaders() } : null, timeout)
+        .then((r) => r.json())
+        .catch((e) => { if (e instanceof NodeError && e.status === 401) return null; throw e; }),
       request('/healthz', null, timeout).then((r) => r.json()),
       request('/metrics', null, timeout).then((r) => r.text()),
     ]);
@@ -578,7 +581,7 @@
     const totals = ledgerTotals(ledger);
     renderHealth(health);
     renderTotals(totals);
-    renderBuckets(ledger);
+    renderBuckets(ledger || {});
     renderMetrics(parsePrometheus(metricsText));
     pushPlacements(totals, now);
     setAdminEnabled(health.admin_enabled === true);

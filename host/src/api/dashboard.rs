@@ -1,8 +1,9 @@
 //! `GET /dashboard`: a live view of the node, served from assets embedded
 //! in the binary (no network at run time; uPlot is vendored and pinned, see
-//! `host/assets/dashboard/README.md`). The page reads only the public
-//! endpoints (`/ledger`, `/healthz`, `/metrics`) and, with a token typed in,
-//! the admin ones, so it can be replaced by any other client of those.
+//! `host/assets/dashboard/README.md`). The page reads `/healthz` and
+//! `/metrics`, `/ledger` (on a node with client keys only with the admin
+//! token typed in) and, with that token, the admin endpoints, so it can be
+//! replaced by any other client of those.
 
 use axum::Router;
 use axum::extract::Path;

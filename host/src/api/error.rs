@@ -113,10 +113,11 @@ impl From<Failure> for ApiError {
                         (StatusCode::INTERNAL_SERVER_ERROR, "target_failed")
                     }
                 };
-                let kind = if status == StatusCode::BAD_REQUEST {
-                    "invalid_request_error"
-                } else {
-                    "server_error"
+                let kind = match status {
+                    StatusCode::BAD_REQUEST => "invalid_request_error",
+                    // As OpenAI types a rate limit (and the node's own).
+                    StatusCode::TOO_MANY_REQUESTS => "requests",
+                    _ => "server_error",
                 };
                 let served_by = route
                     .target

@@ -20,6 +20,10 @@ pub struct CacheScope {
     pub level: Sensitivity,
     /// `x-edgeroute-session`: prefer this session's own entry.
     pub session: Option<String>,
+    /// The client's tenant: an entry is reused only within its tenant, so
+    /// one client cannot learn (from the reused-token count, or the
+    /// latency) how another's prompt begins, nor evict its session.
+    pub tenant: String,
 }
 
 /// A context between generations (`C` is llama.cpp's context; the
@@ -66,7 +70,7 @@ impl<C> PrefixCache<C> {
     /// The entry `scope` may reuse that shares the most leading tokens
     /// with `tokens` (its own session's entry first), and how many.
     fn best(&self, tokens: &[LlamaToken], scope: &CacheScope) -> Option<(usize, usize)> {
-        let allowed = |e: &Idle<C>| e.scope.level <= scope.level;
+        let allowed = |e: &Idle<C>| e.scope.level <= scope.level && e.scope.tenant == scope.tenant;
         let matching = |i: usize| (i, common_prefix(&self.entries[i].tokens, tokens));
         if let Some(session) = &scope.session
             && let Some(i) = self
@@ -104,8 +108,9 @@ impl<C> PrefixCache<C> {
         idle.last_used = self.clock;
         // One entry per session: the newer one holds the longer history.
         if let Some(session) = &idle.scope.session {
+            let tenant = &idle.scope.tenant;
             self.entries
-                .retain(|e| e.scope.session.as_ref() != Some(session));
+                .retain(|e| e.scope.session.as_ref() != Some(session) || &e.scope.tenant != tenant);
         }
         self.entries.push(idle);
         while self.entries.len() > self.capacity {
@@ -133,7 +138,24 @@ mod tests {
         CacheScope {
             level,
             session: session.map(str::to_string),
+            tenant: "a".into(),
         }
+    }
+
+    #[test]
+    fn another_tenant_neither_reuses_nor_evicts_an_entry() {
+        let mut cache = PrefixCache::new(4);
+        let a = scope(Sensitivity::Public, Some("s"));
+        let b = CacheScope {
+            tenant: "b".into(),
+            ..a.clone()
+        };
+        cache.put(Idle::new((), t(&[1, 2, 3, 4]), a.clone()));
+        assert_eq!(cache.peek(&t(&[1, 2, 3, 4, 5]), &b), 0);
+        // B's own session of the same name leaves A's entry in place.
+        cache.put(Idle::new((), t(&[7, 8]), b.clone()));
+        assert_eq!(cache.peek(&t(&[1, 2, 3, 4, 5]), &a), 4);
+        assert_eq!(cache.peek(&t(&[7, 8, 9]), &b), 2);
     }
 
     #[test]

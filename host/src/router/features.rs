@@ -45,14 +45,16 @@ pub struct Extracted {
 }
 
 /// Every string in a JSON value, keys of objects included (a tool's
-/// argument names are text too).
-fn strings<'a>(value: &'a serde_json::Value, out: &mut Vec<&'a str>) {
+/// argument names are text too), and numbers as written (a card number
+/// sent as a JSON number is still a card number).
+fn strings<'a>(value: &'a serde_json::Value, out: &mut Vec<std::borrow::Cow<'a, str>>) {
     match value {
-        serde_json::Value::String(s) => out.push(s),
+        serde_json::Value::String(s) => out.push(s.as_str().into()),
+        serde_json::Value::Number(n) => out.push(n.to_string().into()),
         serde_json::Value::Array(items) => items.iter().for_each(|v| strings(v, out)),
         serde_json::Value::Object(object) => {
             for (key, v) in object {
-                out.push(key);
+                out.push(key.as_str().into());
                 strings(v, out);
             }
         }
@@ -98,32 +100,17 @@ pub fn collect_sensitivity(
         // the request: an upstream receives the client's body as sent, so
         // tool arguments and results, names and unknown fields are judged
         // too.
+        // (Content parts' other fields included: the body goes as sent.)
         let mut others = Vec::new();
-        for (key, value) in &request.passthrough {
-            if key != "messages" {
-                strings(value, &mut others);
-            }
-        }
-        if let Some(messages) = request
-            .passthrough
-            .get("messages")
-            .and_then(|m| m.as_array())
-        {
-            for message in messages {
-                for (key, value) in message.as_object().into_iter().flatten() {
-                    // `content` is in `request.messages` already.
-                    if key != "content" {
-                        strings(value, &mut others);
-                    }
-                }
-            }
+        for value in request.passthrough.values() {
+            strings(value, &mut others);
         }
         let texts = request
             .messages
             .iter()
             .map(|(_, text)| text.as_str())
             .chain(request.metadata.values().filter_map(|v| v.as_str()))
-            .chain(others);
+            .chain(others.iter().map(|s| s.as_ref()));
         for kind in detector.scan(texts) {
             set.add(Source::Detected(kind), Sensitivity::Restricted);
         }
@@ -184,9 +171,14 @@ pub fn extract(
         may_leave: guard.may_leave(level) && tenant_allows_cloud,
         tenant_confined: guard.may_leave(level) && !tenant_allows_cloud,
     };
+    let tenant = signals
+        .tenant
+        .as_ref()
+        .map_or_else(|| tenants::OPEN.to_string(), |t| t.name.clone());
     let cache = CacheScope {
         level,
         session: signals.session.clone(),
+        tenant: tenant.clone(),
     };
     let (prompt_tokens, cached_prefix_tokens) = prompt_tokens(request, local, &cache)?;
     let mut features = Features {
@@ -228,10 +220,7 @@ pub fn extract(
         features,
         sensitivity,
         facts,
-        tenant: signals
-            .tenant
-            .as_ref()
-            .map_or_else(|| tenants::OPEN.to_string(), |t| t.name.clone()),
+        tenant,
         cache,
     })
 }
@@ -290,6 +279,8 @@ mod tests {
         for body in [
             r#"{"model":"auto","messages":[{"role":"user","content":"go"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"pay","arguments":"{\"card\":\"4111 1111 1111 1111\"}"}}]}]}"#,
             r#"{"model":"auto","messages":[{"role":"user","content":"go"}],"user":"jane.doe@example.com"}"#,
+            r#"{"model":"auto","messages":[{"role":"user","content":[{"type":"text","text":"go","note":"jane.doe@example.com"}]}]}"#,
+            r#"{"model":"auto","messages":[{"role":"user","content":"pay"}],"x_card":4111111111111111}"#,
         ] {
             let request =
                 super::super::request::parse(body.as_bytes(), &Limits::default(), "t".into(), 0)

@@ -45,12 +45,19 @@ pub struct Extracted {
 }
 
 /// Every string in a JSON value, keys of objects included (a tool's
-/// argument names are text too), and numbers as written (a card number
-/// sent as a JSON number is still a card number).
+/// argument names are text too), and numbers long enough to be an
+/// identifier (a card number sent as a JSON number is still one).
 fn strings<'a>(value: &'a serde_json::Value, out: &mut Vec<std::borrow::Cow<'a, str>>) {
     match value {
         serde_json::Value::String(s) => out.push(s.as_str().into()),
-        serde_json::Value::Number(n) => out.push(n.to_string().into()),
+        // Parameters (max_tokens 256, temperature 0.7) are not identifiers,
+        // and joined with a message's digits they could look like one.
+        serde_json::Value::Number(n) => {
+            let text = n.to_string();
+            if text.bytes().filter(u8::is_ascii_digit).count() >= 6 {
+                out.push(text.into());
+            }
+        }
         serde_json::Value::Array(items) => items.iter().for_each(|v| strings(v, out)),
         serde_json::Value::Object(object) => {
             for (key, v) in object {

@@ -69,6 +69,27 @@ fn strings<'a>(value: &'a serde_json::Value, out: &mut Vec<std::borrow::Cow<'a, 
     }
 }
 
+/// A message's strings other than its text (a content string, or the
+/// `text` of its parts): tool calls, names, a part's other fields.
+fn other_message_strings<'a>(
+    message: &'a serde_json::Value,
+    out: &mut Vec<std::borrow::Cow<'a, str>>,
+) {
+    for (key, value) in message.as_object().into_iter().flatten() {
+        match (key.as_str(), value) {
+            ("content", serde_json::Value::String(_)) => {}
+            ("content", serde_json::Value::Array(parts)) => {
+                for (k, v) in parts.iter().filter_map(|p| p.as_object()).flatten() {
+                    if k != "text" {
+                        strings(v, out);
+                    }
+                }
+            }
+            _ => strings(value, out),
+        }
+    }
+}
+
 /// Every declared and detected level of a request.
 pub fn collect_sensitivity(
     request: &Prepared,
@@ -107,10 +128,18 @@ pub fn collect_sensitivity(
         // the request: an upstream receives the client's body as sent, so
         // tool arguments and results, names and unknown fields are judged
         // too.
-        // (Content parts' other fields included: the body goes as sent.)
+        // Message text is in `request.messages` already: scanning it twice
+        // would let the split-number check join a number with its own copy.
         let mut others = Vec::new();
-        for value in request.passthrough.values() {
-            strings(value, &mut others);
+        for (key, value) in &request.passthrough {
+            match (key.as_str(), value.as_array()) {
+                ("messages", Some(messages)) => {
+                    for message in messages {
+                        other_message_strings(message, &mut others);
+                    }
+                }
+                _ => strings(value, &mut others),
+            }
         }
         let texts = request
             .messages
@@ -295,6 +324,20 @@ mod tests {
             let set = collect_sensitivity(&request, &Signals::default(), &guard, &detector);
             assert_eq!(set.level(), Sensitivity::Restricted, "{body}");
         }
+    }
+
+    #[test]
+    fn message_text_is_scanned_once() {
+        // Twice, "12345674" would join its own copy into a Luhn-valid
+        // 16-digit number.
+        let guard = GuardConfig::default();
+        let detector = Detector::new(&guard).unwrap();
+        let body = r#"{"model":"auto","messages":[{"role":"user","content":"Summarise ticket 12345674 for me."}]}"#;
+        let request =
+            super::super::request::parse(body.as_bytes(), &Limits::default(), "t".into(), 0)
+                .unwrap();
+        let set = collect_sensitivity(&request, &Signals::default(), &guard, &detector);
+        assert_eq!(set.level(), Sensitivity::Public, "{:?}", set.sources());
     }
 
     #[test]

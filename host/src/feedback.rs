@@ -1,7 +1,8 @@
 //! Outcomes of recent requests, kept so a client's later score of an
 //! answer (`POST /v1/feedback`) reaches the policy version that routed it,
 //! as a second `observe` with the score. Bounded: the oldest are forgotten,
-//! and feedback for them is answered like feedback for an unknown id.
+//! and feedback for them is answered like feedback for an unknown id. Only
+//! the tenant that made a request may score it (ids are guessable).
 
 use crate::policy::PolicyVersion;
 use edgeroute_core::Outcome;
@@ -18,19 +19,17 @@ pub struct Recent {
 
 #[derive(Default)]
 struct Inner {
-    by_id: HashMap<String, (Arc<PolicyVersion>, Outcome)>,
+    /// The version that routed each request, its outcome, and its tenant.
+    by_id: HashMap<String, (Arc<PolicyVersion>, Outcome, String)>,
     order: VecDeque<String>,
 }
 
 impl Recent {
-    pub fn remember(&self, version: &Arc<PolicyVersion>, outcome: &Outcome) {
+    pub fn remember(&self, version: &Arc<PolicyVersion>, outcome: &Outcome, tenant: &str) {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let id = outcome.request_id.clone();
-        if inner
-            .by_id
-            .insert(id.clone(), (version.clone(), outcome.clone()))
-            .is_none()
-        {
+        let entry = (version.clone(), outcome.clone(), tenant.to_string());
+        if inner.by_id.insert(id.clone(), entry).is_none() {
             inner.order.push_back(id);
         }
         while inner.order.len() > REMEMBERED {
@@ -41,10 +40,19 @@ impl Recent {
     }
 
     /// The request's outcome with `score` as its feedback, and the version
-    /// that routed it; None for an id this node does not remember.
-    pub fn with_feedback(&self, id: &str, score: f32) -> Option<(Arc<PolicyVersion>, Outcome)> {
+    /// that routed it; None for an id this node does not remember, or one
+    /// another tenant's request (the same answer: no id is confirmed).
+    pub fn with_feedback(
+        &self,
+        id: &str,
+        score: f32,
+        tenant: &str,
+    ) -> Option<(Arc<PolicyVersion>, Outcome)> {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let (version, outcome) = inner.by_id.get_mut(id)?;
+        let (version, outcome, owner) = inner.by_id.get_mut(id)?;
+        if owner != tenant {
+            return None;
+        }
         outcome.feedback = Some(score);
         Some((version.clone(), outcome.clone()))
     }

@@ -128,6 +128,21 @@ fn client_keys_name_a_tenant_whose_sensitivity_targets_and_rate_the_node_enforce
     assert_eq!(resp.status, 200, "{resp:?}");
     assert_eq!(resp.target(), Some("cloud:frontier"), "{resp:?}");
     cloud.assert_received(&web_canary, 1);
+    // Only the tenant that made a request may score it.
+    let id = resp.json()["id"].as_str().unwrap().to_string();
+    let feedback = json!({"id": id, "score": 1.0});
+    let other = node.post_json(
+        "/v1/feedback",
+        feedback.clone(),
+        &[("authorization", &bearer(&clinic))],
+    );
+    assert_envelope(&other, 404, "request_not_found");
+    let own = node.post_json(
+        "/v1/feedback",
+        feedback,
+        &[("authorization", &bearer(&web))],
+    );
+    assert_eq!(own.status, 200, "{own:?}");
 
     // The clinic tenant is restricted by default: even declared public, its
     // prompt stays local and never reaches the cloud.

@@ -13,10 +13,11 @@
 use super::error::ApiError;
 use crate::node::Node;
 use crate::router::request;
-use axum::Json;
+use crate::tenants::Tenant;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -28,7 +29,11 @@ struct Feedback {
     score: f64,
 }
 
-pub async fn post(State(node): State<Arc<Node>>, body: Body) -> Result<Json<Value>, ApiError> {
+pub async fn post(
+    State(node): State<Arc<Node>>,
+    Extension(tenant): Extension<Arc<Tenant>>,
+    body: Body,
+) -> Result<Json<Value>, ApiError> {
     // The node's own body limit and read timeout, as every endpoint.
     let body = super::read_body(&node, body, node.config.limits.max_body_bytes).await?;
     let feedback: Feedback = request::strict_json(&body)
@@ -47,7 +52,8 @@ pub async fn post(State(node): State<Arc<Node>>, body: Body) -> Result<Json<Valu
         .param("score"));
     }
     let score = feedback.score as f32;
-    let Some((version, outcome)) = node.recent.with_feedback(&feedback.id, score) else {
+    let Some((version, outcome)) = node.recent.with_feedback(&feedback.id, score, &tenant.name)
+    else {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "invalid_request_error",

@@ -712,7 +712,9 @@ impl Context {
             confidence,
             feedback: None,
         };
-        self.node.recent.remember(&self.policy, &outcome);
+        self.node
+            .recent
+            .remember(&self.policy, &outcome, &self.extracted.tenant);
         if let Some(log) = &self.node.decisions {
             log.write(&crate::decisions::Line::Decision(Box::new(
                 crate::decisions::Decided {

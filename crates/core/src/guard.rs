@@ -312,6 +312,16 @@ pub fn after_cloud_failure(why: &str, reason: &str, node: &NodeView) -> Option<P
     })
 }
 
+/// Whether a request that already tried `tried` may go on to `next`:
+/// never the same target twice, and never a second target off the node
+/// (the first may have received the request before it failed; another
+/// upstream must not get a copy too).
+pub fn may_try(tried: &[Target], next: &Target) -> bool {
+    let again = tried.contains(next);
+    let second_off_node = next.leaves_node() && tried.iter().any(Target::leaves_node);
+    !again && !second_off_node
+}
+
 /// The policy gave no usable answer: the configured default, guarded.
 fn safe_default(why: &str, facts: &Facts, node: &NodeView) -> Placement {
     match node.on_policy_failure {
@@ -389,6 +399,21 @@ mod tests {
             }
             Placement::Refuse(_) => false,
         }
+    }
+
+    #[test]
+    fn a_request_tries_each_target_once_and_at_most_one_upstream() {
+        let (local, a, b) = (
+            Target::Local("smollm2".into()),
+            Target::Cloud("a".into()),
+            Target::Cloud("b".into()),
+        );
+        assert!(may_try(&[], &a));
+        assert!(may_try(std::slice::from_ref(&a), &local));
+        assert!(!may_try(&[a.clone(), local.clone()], &a));
+        assert!(!may_try(&[a.clone(), local.clone()], &b));
+        assert!(may_try(std::slice::from_ref(&local), &b));
+        assert!(!may_try(std::slice::from_ref(&local), &local));
     }
 
     #[test]

@@ -239,7 +239,8 @@ pub async fn dispatch(decided: Decided) -> Result<Served, Failure> {
         mut placement,
     } = decided;
     // Targets already tried, so a fallback never sends the request to the
-    // same place twice (local → cloud → local → … cannot happen).
+    // same place twice (local → cloud → local → … cannot happen), nor to a
+    // second upstream (`guard::may_try`).
     let mut tried: Vec<Target> = Vec::new();
     // The first failure, answered when every fallback is used up.
     let mut failed: Option<(Run, TargetFailure)> = None;
@@ -261,8 +262,8 @@ pub async fn dispatch(decided: Decided) -> Result<Served, Failure> {
                 }),
             ),
         };
-        if tried.contains(&target) {
-            let (run, failure) = failed.expect("a target is tried again only after a failure");
+        if !guard::may_try(&tried, &target) {
+            let (run, failure) = failed.expect("a target is refused only after a failure");
             return ctx.answer(run, FirstEvent::Ended(Err(failure))).await;
         }
         tried.push(target.clone());

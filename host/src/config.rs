@@ -187,26 +187,21 @@ pub struct LocalConfig {
     /// Requests waiting for or running on the local backend; beyond this a
     /// request is refused rather than queued without bound.
     pub max_queue: u32,
-    /// Generations run at the same time (each holds a llama.cpp context).
+    /// Generations decoded together in one batch (continuous batching:
+    /// one llama.cpp context, a sequence per generation).
     pub max_concurrent: u32,
-    /// Context window per generation, in tokens.
+    /// Longest prompt plus completion of one generation, in tokens.
     pub context_size: u32,
-    /// KV state kept for prefix reuse, in tokens: finished generations'
-    /// contexts stay (each reserving `context_size` tokens of KV, about
-    /// 23 KiB a token for SmolLM2-135M) so a later prompt that starts the
-    /// same way skips that part of the prefill. 0 turns reuse off.
-    pub prefix_cache_tokens: u32,
+    /// The model's KV cache, in tokens (about 23 KiB each for
+    /// SmolLM2-135M), allocated at start: running generations reserve
+    /// their prompt plus completion budget, and finished ones stay in the
+    /// rest for prefix reuse until the cells are needed. A request that
+    /// does not fit beside the running ones waits. At least `context_size`.
+    pub kv_budget_tokens: u32,
     pub models: Vec<ModelConfig>,
     /// The sentence-embedding model: `/v1/embeddings`, and the prompt
     /// embedding a policy may ask for. None: neither is available.
     pub embedding: Option<EmbeddingConfig>,
-}
-
-impl LocalConfig {
-    /// Idle contexts the prefix cache may keep.
-    pub fn prefix_cache_entries(&self) -> u32 {
-        self.prefix_cache_tokens / self.context_size.max(1)
-    }
 }
 
 impl Default for LocalConfig {
@@ -214,9 +209,9 @@ impl Default for LocalConfig {
         Self {
             threads: 1,
             max_queue: 8,
-            max_concurrent: 1,
+            max_concurrent: 4,
             context_size: 2048,
-            prefix_cache_tokens: 4096,
+            kv_budget_tokens: 8192,
             models: Vec::new(),
             embedding: None,
         }
@@ -461,6 +456,13 @@ impl Config {
     fn validate(&self) -> anyhow::Result<()> {
         if self.local.max_concurrent == 0 {
             bail!("local.max_concurrent must be at least 1");
+        }
+        if self.local.kv_budget_tokens < self.local.context_size {
+            bail!(
+                "local.kv_budget_tokens ({}) must hold at least one full context (context_size = {})",
+                self.local.kv_budget_tokens,
+                self.local.context_size
+            );
         }
         if self.local.threads == 0 {
             bail!("local.threads must be at least 1");

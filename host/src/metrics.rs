@@ -364,6 +364,32 @@ fn live(registry: &mut Registry, node: &Node) {
         "Generations running on the local model",
         f64::from(node.local.running()),
     );
+    // The batch scheduler of each model: KV cells in use against its budget.
+    let mut kv_used = Samples::new(
+        "local_kv_used_tokens",
+        "KV cells reserved by running sequences or held by idle ones, by model",
+        MetricType::Gauge,
+    );
+    let mut kv_budget = Samples::new(
+        "local_kv_budget_tokens",
+        "KV cells of the model's batch context, by model",
+        MetricType::Gauge,
+    );
+    let mut waiting = Samples::new(
+        "local_batch_waiting",
+        "Requests waiting for KV cells beside the running ones, by model",
+        MetricType::Gauge,
+    );
+    for name in node.local.model_names() {
+        if let Some(load) = node.local.batch_load(&name) {
+            kv_used.add(&[("model", &name)], f64::from(load.kv_used));
+            kv_budget.add(&[("model", &name)], f64::from(load.kv_budget));
+            waiting.add(&[("model", &name)], f64::from(load.waiting));
+        }
+    }
+    registry.register_collector(Box::new(kv_used));
+    registry.register_collector(Box::new(kv_budget));
+    registry.register_collector(Box::new(waiting));
     gauge(
         registry,
         "local_estimated_wait_seconds",

@@ -56,7 +56,6 @@ impl Node {
         let runtime_params = RuntimeParams {
             threads: config.local.threads,
             context_size: config.local.context_size,
-            prefix_cache_entries: config.local.prefix_cache_entries(),
         };
         let mut models = Vec::new();
         for model in &config.local.models {
@@ -126,7 +125,10 @@ impl Node {
             components::LOCAL_WORKER,
             models,
             config.local.max_queue,
-            config.local.max_concurrent,
+            crate::nn::BatchParams {
+                width: config.local.max_concurrent,
+                kv_budget_tokens: config.local.kv_budget_tokens,
+            },
         )?;
         let cloud = CloudTarget::new(
             &engine,

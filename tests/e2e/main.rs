@@ -27,6 +27,7 @@
 //! guest components built by `host/build.rs` (paths in [`components`]).
 
 mod authoring;
+mod batch;
 mod chat;
 mod dataset;
 mod embeddings;

@@ -65,9 +65,12 @@ fn wait_for_health(node: &Node, field: &str, at_least: u64) {
 #[test]
 fn every_signal_reaches_the_policy_with_the_measured_value() {
     let cloud = FakeCloud::start();
+    // A batch one sequence wide: the load check below needs the second
+    // request to wait for the first.
     let node = EDGEROUTE
         .node(&cloud)
         .policy_component(POLICY_FEATURES_ECHO)
+        .local("max_concurrent", 1)
         .start();
 
     // Text statistics, the budget and task, on a node that has not

@@ -134,6 +134,7 @@ pub struct NodeBuilder {
     policy_params: Vec<(String, String)>,
     embedding: bool,
     limits: Vec<(String, u64)>,
+    local: Vec<(String, u64)>,
     extra_toml: String,
 }
 
@@ -156,8 +157,15 @@ impl NodeBuilder {
             policy_params: Vec::new(),
             embedding: true,
             limits: Vec::new(),
+            local: Vec::new(),
             extra_toml: String::new(),
         }
+    }
+
+    /// An extra `[local]` entry (`max_concurrent`, `kv_budget_tokens`, …).
+    pub fn local(mut self, key: &str, value: u64) -> Self {
+        self.local.push((key.into(), value));
+        self
     }
 
     /// An extra `[limits]` entry (`shutdown_grace_ms`, `max_connections`, …).
@@ -247,7 +255,7 @@ impl NodeBuilder {
 threads = 1
 max_queue = {max_queue}
 context_size = 2048
-[[local.models]]
+{local}[[local.models]]
 name = "{LOCAL_MODEL}"
 path = {model_path}
 optional = {optional}
@@ -293,6 +301,11 @@ path = {audit}
             local_max_prompt_tokens = self.local_max_prompt_tokens,
             limits = self
                 .limits
+                .iter()
+                .map(|(k, v)| format!("{k} = {v}\n"))
+                .collect::<String>(),
+            local = self
+                .local
                 .iter()
                 .map(|(k, v)| format!("{k} = {v}\n"))
                 .collect::<String>(),

@@ -136,8 +136,22 @@ async fn healthz(State(node): State<Arc<Node>>) -> Json<serde_json::Value> {
         "local_models": node.local.model_names(),
         "local_queue_depth": node.local.queue_depth(),
         "local_running": node.local.running(),
+        // Idle sequences kept for prefix reuse, per model.
         "local_prefix_cache": node.local.model_names().iter()
-            .filter_map(|name| Some((name.clone(), node.local.model(name)?.cached_contexts())))
+            .filter_map(|name| Some((name.clone(), node.local.batch_load(name)?.idle_sequences)))
+            .collect::<std::collections::BTreeMap<_, _>>(),
+        // Each model's batch: sequences running and waiting for KV cells,
+        // and the cells used (running reservations plus idle sequences).
+        "local_batch": node.local.model_names().iter()
+            .filter_map(|name| {
+                let load = node.local.batch_load(name)?;
+                Some((name.clone(), json!({
+                    "running": load.running,
+                    "waiting": load.waiting,
+                    "kv_used_tokens": load.kv_used,
+                    "kv_budget_tokens": load.kv_budget,
+                })))
+            })
             .collect::<std::collections::BTreeMap<_, _>>(),
         "local_wait_ms": node.local.wait_ms(),
         "cloud_upstreams": node.cloud.upstream_names(),

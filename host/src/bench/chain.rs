@@ -79,6 +79,7 @@ async fn call(node: &Node, at: &Where<'_>, messages: &[Message]) -> anyhow::Resu
         stream: Some(tx),
         meter: meter.clone(),
         cache,
+        prompt: None,
         waiting: None,
     };
     let t0 = Instant::now();

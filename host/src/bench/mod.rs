@@ -3,8 +3,10 @@
 //! with the same prompt, threads and sampling on llama.cpp called directly
 //! (the `Generation` type the backend itself drives, without wasm). The
 //! agent chain (`chain.rs`) compares local calls with and without prefix
-//! reuse against a simulated cloud (`upstream.rs`).
+//! reuse against a simulated cloud (`upstream.rs`); `batching.rs` measures
+//! concurrent local requests against one at a time.
 
+mod batching;
 mod chain;
 mod detection;
 mod embedding;
@@ -39,6 +41,12 @@ pub struct Options {
     /// Run only the agent chain.
     #[arg(long)]
     pub chain_only: bool,
+    /// Run only the batching benchmark (concurrent local requests).
+    #[arg(long)]
+    pub batching_only: bool,
+    /// Inference threads, in place of the config's `[local] threads`.
+    #[arg(long)]
+    pub threads: Option<u32>,
     /// Run only the detection benchmark.
     #[arg(long)]
     pub detection_only: bool,
@@ -85,12 +93,12 @@ fn direct(
 ) -> anyhow::Result<Sample> {
     let t0 = Instant::now();
     // No prefix cache: every run prefills, as the wasi-nn path's does.
-    let mut generation = model.start(prompt.to_vec(), sampling, None)?;
+    let mut generation = model.start(prompt.to_vec(), sampling)?;
     let mut text = generation.step()?.text;
     let t_first = Instant::now();
     let (rest, _) = generation.run_to_end()?;
     text.push_str(&rest);
-    let tokens = generation.completion_tokens;
+    let tokens = generation.completion_tokens();
     Ok(Sample {
         ttft: t_first - t0,
         decode_tokens_per_s: decode_rate(tokens, t_first.elapsed()),
@@ -123,6 +131,7 @@ async fn through_wasi_nn(node: &Node, model: &str, sampling: Sampling) -> anyhow
         stream: Some(tx),
         meter: Default::default(),
         cache: None,
+        prompt: None,
         waiting: None,
     });
     let collect = async {
@@ -198,9 +207,12 @@ impl Spread {
     }
 }
 
-pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
+pub async fn run(mut config: Config, options: Options) -> anyhow::Result<()> {
     if options.runs == 0 {
         bail!("--runs must be at least 1");
+    }
+    if let Some(threads) = options.threads {
+        config.local.threads = threads;
     }
     let threads = config.local.threads;
     let node = Node::start(config).await?;
@@ -225,6 +237,9 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
     }
     if options.chain_only {
         return chain::run(&node, &name, &options.chain).await;
+    }
+    if options.batching_only {
+        return batching::run(&node, &name, options.tokens, threads).await;
     }
     if options.observability_only {
         let (calls, _) = policy_route(&node, options.policy_calls).await?;
@@ -404,6 +419,8 @@ pub async fn run(config: Config, options: Options) -> anyhow::Result<()> {
         options.policy_calls,
     )
     .await?;
+    println!();
+    batching::run(&node, &name, options.tokens, threads).await?;
     println!();
     chain::run(&node, &name, &options.chain).await?;
     Ok(())

@@ -4,8 +4,9 @@
 //! `compute` takes `messages` or `prompt` (+ `metadata`) and prefills; each
 //! `compute` returns one `token`, and `finish` + `metadata` at the end.
 
-use super::engine::{Generation, LoadedModel, Sampling};
-use super::{CacheScope, Meter};
+use super::engine::Sampling;
+use super::scheduler::{Scheduler, Sequence};
+use super::{CacheScope, Meter, Tokenized};
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -45,17 +46,19 @@ pub struct ModelRegistry(HashMap<String, Graph>);
 
 impl ModelRegistry {
     pub fn new<'a>(
-        models: impl IntoIterator<Item = &'a Arc<LoadedModel>>,
+        models: impl IntoIterator<Item = &'a Arc<Scheduler>>,
         meter: &Meter,
         cache: Option<&CacheScope>,
+        prompt: Option<Arc<Tokenized>>,
     ) -> Self {
-        let graphs = models.into_iter().map(|model| {
+        let graphs = models.into_iter().map(|scheduler| {
             let graph: Box<dyn BackendGraph> = Box::new(LlamaGraph {
-                model: model.clone(),
+                scheduler: scheduler.clone(),
                 meter: meter.clone(),
                 cache: cache.cloned(),
+                prompt: prompt.clone(),
             });
-            (model.name.clone(), Graph::from(graph))
+            (scheduler.model().name.clone(), Graph::from(graph))
         });
         Self(graphs.collect())
     }
@@ -71,31 +74,35 @@ impl GraphRegistry for ModelRegistry {
 }
 
 struct LlamaGraph {
-    model: Arc<LoadedModel>,
+    scheduler: Arc<Scheduler>,
     meter: Meter,
     /// The request's prefix-cache scope; None: no reuse.
     cache: Option<CacheScope>,
+    prompt: Option<Arc<Tokenized>>,
 }
 
 impl BackendGraph for LlamaGraph {
     fn init_execution_context(&self) -> Result<ExecutionContext, BackendError> {
         let ctx: Box<dyn BackendExecutionContext> = Box::new(LlamaExecution {
-            model: self.model.clone(),
+            scheduler: self.scheduler.clone(),
             meter: self.meter.clone(),
             cache: self.cache.clone(),
+            prompt: self.prompt.clone(),
             generation: Mutex::new(None),
         });
         Ok(ExecutionContext::from(ctx))
     }
 }
 
-/// A llama.cpp context is `Send` but not `Sync`; the mutex makes the
+/// A sequence's channel is `Send` but not `Sync`; the mutex makes the
 /// execution context shareable as the trait requires (it is never contended).
 struct LlamaExecution {
-    model: Arc<LoadedModel>,
+    scheduler: Arc<Scheduler>,
     meter: Meter,
     cache: Option<CacheScope>,
-    generation: Mutex<Option<Generation>>,
+    /// The router's tokens for this request's chat, if it counted them.
+    prompt: Option<Arc<Tokenized>>,
+    generation: Mutex<Option<Sequence>>,
 }
 
 /// The `metadata` input tensor.
@@ -115,7 +122,8 @@ struct ChatMessage {
 }
 
 impl LlamaExecution {
-    fn start(&self, inputs: &[NamedTensor]) -> Result<Generation, BackendError> {
+    fn start(&self, inputs: &[NamedTensor]) -> Result<Sequence, BackendError> {
+        let model = self.scheduler.model();
         let text_of = |name: &str| -> Result<Option<&str>, BackendError> {
             inputs
                 .iter()
@@ -136,10 +144,14 @@ impl LlamaExecution {
                 .map_err(|e| failure(format!("input 'messages' is not a message list: {e}")))?;
             let pairs: Vec<(String, String)> =
                 messages.into_iter().map(|m| (m.role, m.content)).collect();
-            self.model.chat_tokens(&pairs).map_err(backend_error)?
+            match &self.prompt {
+                // The router counted these messages' tokens already.
+                Some(prompt) if prompt.messages == pairs => prompt.tokens.clone(),
+                _ => model.chat_tokens(&pairs).map_err(backend_error)?,
+            }
         } else if let Some(prompt) = text_of("prompt")? {
             // A raw prompt is the caller's own: its control tokens count.
-            self.model.tokenize(prompt)
+            model.tokenize(prompt)
         } else {
             return Err(failure(
                 "the first compute needs a 'messages' or 'prompt' input",
@@ -153,8 +165,8 @@ impl LlamaExecution {
             seed: metadata.seed.unwrap_or(defaults.seed),
         };
         let generation = self
-            .model
-            .start(tokens, sampling, self.cache.clone())
+            .scheduler
+            .submit(tokens, sampling, self.cache.clone())
             .map_err(backend_error)?;
         self.meter
             .lock()

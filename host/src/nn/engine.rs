@@ -1,8 +1,9 @@
-//! Token generation on llama.cpp: one `Generation` is one chat completion,
-//! advanced one token per `step`. The wasi-nn backend and the benchmark's
-//! direct baseline both drive this type, so they measure the same work.
+//! The model and its tokens on llama.cpp, and `Generation`: one chat
+//! completion in a context of its own, advanced one token per `step`. The
+//! node generates through the batch scheduler (`scheduler.rs`); a
+//! `Generation` is the one-at-a-time baseline the benchmark compares it
+//! with, and the dataset replay's direct path.
 
-use super::prefix::{CacheScope, Idle, PrefixCache};
 use anyhow::{Context, anyhow, bail};
 use edgeroute_core::confidence::{self, Confidence};
 use edgeroute_core::{Estimate, Speed};
@@ -33,26 +34,21 @@ pub(super) fn backend() -> &'static LlamaBackend {
 }
 
 /// Prompt tokens decoded per llama.cpp batch during the prefill.
-const PREFILL_CHUNK: u32 = 512;
+pub(super) const PREFILL_CHUNK: u32 = 512;
 
 /// How a generation runs; the node config sets threads and context size.
 #[derive(Debug, Clone, Copy)]
 pub struct RuntimeParams {
     pub threads: u32,
     pub context_size: u32,
-    /// Idle contexts kept for prefix reuse (0: none).
-    pub prefix_cache_entries: u32,
 }
 
 /// A GGUF model loaded once per node and shared by every generation.
 pub struct LoadedModel {
     pub name: String,
-    /// Contexts of finished generations, for prefix reuse. Declared before
-    /// `model`: fields drop in order, and every context borrows the model.
-    cache: Mutex<PrefixCache<LlamaContext<'static>>>,
-    model: LlamaModel,
+    pub(super) model: LlamaModel,
     template: Option<LlamaChatTemplate>,
-    runtime: RuntimeParams,
+    pub(super) runtime: RuntimeParams,
     /// Measured on every generation: context creation (the overhead),
     /// prefill and decode per token. The router's latency estimates.
     speed: Mutex<Speed>,
@@ -89,7 +85,6 @@ impl LoadedModel {
         let template = model.chat_template(None).ok();
         Ok(Arc::new(Self {
             name: name.to_string(),
-            cache: Mutex::new(PrefixCache::new(runtime.prefix_cache_entries as usize)),
             model,
             template,
             runtime,
@@ -172,8 +167,19 @@ impl LoadedModel {
         *self.speed.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn measured(&self, update: impl FnOnce(&mut Speed)) {
+    pub(super) fn measured(&self, update: impl FnOnce(&mut Speed)) {
         update(&mut self.speed.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+
+    /// Bytes of KV cache per token (F16 keys and values, every layer).
+    pub fn kv_bytes_per_token(&self) -> u64 {
+        let head_dim = self.model.n_embd().max(0) as u64 / self.model.n_head().max(1) as u64;
+        self.model.n_layer() as u64 * 2 * head_dim * self.model.n_head_kv() as u64 * 2
+    }
+
+    /// Bytes of the model's weights.
+    pub fn size_bytes(&self) -> u64 {
+        self.model.size()
     }
 
     /// Tokens in the model's vocabulary (the length of a logits row).
@@ -185,18 +191,35 @@ impl LoadedModel {
         self.runtime.context_size
     }
 
-    /// Start a generation: prefill the prompt and make the first token
-    /// ready. With a cache scope, it continues from the cached context
-    /// sharing the longest prefix with the prompt (if the scope may reuse
-    /// one), and leaves its own context in the cache when it ends; without
-    /// one (the benchmark's baselines) it neither reuses nor keeps.
+    /// Start a generation in a context of its own: prefill the prompt and
+    /// make the first token ready.
     pub fn start(
         self: &Arc<Self>,
         tokens: Vec<LlamaToken>,
         sampling: Sampling,
-        cache: Option<CacheScope>,
     ) -> anyhow::Result<Generation> {
-        Generation::new(self.clone(), tokens, sampling, cache)
+        Generation::new(self.clone(), tokens, sampling)
+    }
+
+    /// The most tokens a completion of `prompt_tokens` may have: the
+    /// client's limit, cut to what is left of the context window.
+    pub(super) fn completion_room(
+        &self,
+        prompt_tokens: usize,
+        max_tokens: u32,
+    ) -> anyhow::Result<u32> {
+        let n_ctx = self.runtime.context_size;
+        if prompt_tokens == 0 {
+            bail!("the prompt is empty");
+        }
+        if prompt_tokens as u64 + 1 > n_ctx as u64 {
+            bail!(
+                "prompt is {prompt_tokens} tokens; model '{}' serves at most {} with this node's context size",
+                self.name,
+                n_ctx.saturating_sub(1)
+            );
+        }
+        Ok(max_tokens.min(n_ctx - prompt_tokens as u32))
     }
 
     fn new_context(&self, chunk: u32) -> anyhow::Result<LlamaContext<'static>> {
@@ -210,51 +233,11 @@ impl LoadedModel {
             .model
             .new_context(backend(), params)
             .context("llama.cpp could not create a context")?;
-        // SAFETY: the context borrows `self.model`. It lives in a
-        // `Generation`, which holds an Arc of this model, or in this
-        // model's cache, which is dropped before the model (field order),
-        // so the borrow never outlives the model.
+        // SAFETY: the context borrows `self.model`. It lives only in a
+        // `Generation`, which holds an Arc of this model in a field that
+        // drops after the context (field order), so the borrow never
+        // outlives the model.
         Ok(unsafe { std::mem::transmute::<LlamaContext<'_>, LlamaContext<'static>>(context) })
-    }
-
-    /// A cached context holding the longest prefix of `tokens` that
-    /// `scope` may reuse, with the state after that prefix removed, and the
-    /// number of tokens it still holds. At least the last prompt token is
-    /// decoded again: its logits predict the first output token.
-    fn reuse(
-        &self,
-        tokens: &[LlamaToken],
-        scope: Option<&CacheScope>,
-    ) -> Option<(LlamaContext<'static>, usize)> {
-        let taken = {
-            let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-            cache.take(tokens, scope?)
-        };
-        let (idle, shared) = taken?;
-        let keep = shared.min(tokens.len() - 1);
-        let mut context = idle.context;
-        match context.clear_kv_cache_seq(Some(0), Some(keep as u32), None) {
-            Ok(true) => Some((context, keep)),
-            // The model's memory cannot drop a suffix: start this context over.
-            _ => {
-                context.clear_kv_cache();
-                Some((context, 0))
-            }
-        }
-    }
-
-    /// Contexts kept in the prefix cache now.
-    pub fn cached_contexts(&self) -> usize {
-        self.cache.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
-
-    /// Prompt tokens a request in `scope` would reuse from the cache now.
-    pub fn cached_prefix(&self, tokens: &[LlamaToken], scope: &CacheScope) -> u32 {
-        let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        // The last prompt token is always decoded again (see Generation::new).
-        cache
-            .peek(tokens, scope)
-            .min(tokens.len().saturating_sub(1)) as u32
     }
 }
 
@@ -281,210 +264,73 @@ pub struct Step {
     pub finish: Option<Finish>,
 }
 
-/// A running completion. It owns its llama.cpp context until it ends and
-/// then hands it to the model's prefix cache (`Drop`); the context borrows
-/// the model, which `model` keeps alive.
-pub struct Generation {
-    /// Some until the generation is dropped.
-    context: Option<LlamaContext<'static>>,
-    /// The tokens whose KV state the context holds, from position 0: what a
-    /// later request can reuse. Extra state past it (a prefill that failed
-    /// half way) is harmless: reuse clears everything after the shared part.
-    history: Vec<LlamaToken>,
-    /// None: the context is not kept for reuse.
-    cache: Option<CacheScope>,
-    /// Prompt tokens taken from the cache instead of prefilled.
-    pub reused_tokens: u32,
+/// What turns rows of logits into a completion: the request's sampler,
+/// the confidence, the completion budget, and the bytes of a character
+/// split across tokens. The baseline `Generation` and every scheduled
+/// sequence hold one each, so the same logits give the same text.
+pub(super) struct Sampled {
     sampler: LlamaSampler,
-    batch: LlamaBatch<'static>,
-    /// Position of the next token in the context.
-    position: i32,
-    pub prompt_tokens: u32,
-    pub completion_tokens: u32,
-    max_tokens: u32,
     /// Bytes of a UTF-8 character split across tokens.
     pending: Vec<u8>,
-    finished: Option<Finish>,
+    pub completion_tokens: u32,
+    max_tokens: u32,
     /// Log-probabilities of the tokens produced so far.
     pub confidence: Confidence,
-    /// When decoding began (after the prefill), for the decode speed.
-    decode_started: Instant,
-    model: Arc<LoadedModel>,
+    pub finished: Option<Finish>,
 }
 
-impl Generation {
-    fn new(
-        model: Arc<LoadedModel>,
-        tokens: Vec<LlamaToken>,
-        sampling: Sampling,
-        cache: Option<CacheScope>,
-    ) -> anyhow::Result<Self> {
-        let started = Instant::now();
-        let n_ctx = model.runtime.context_size;
-        if tokens.is_empty() {
-            bail!("the prompt is empty");
-        }
-        if tokens.len() as u64 + 1 > n_ctx as u64 {
-            bail!(
-                "prompt is {} tokens; model '{}' serves at most {} with this node's context size",
-                tokens.len(),
-                model.name,
-                n_ctx.saturating_sub(1)
-            );
-        }
-        // Generation stops at the context's end even when max_tokens is larger.
-        let room = n_ctx - tokens.len() as u32;
-        let max_tokens = sampling.max_tokens.min(room);
-        // The prefill runs in chunks of PREFILL_CHUNK tokens: llama.cpp sizes
-        // its compute buffers by n_batch, and a context-sized batch made
-        // every context slower to create than the prefill itself.
-        let chunk = n_ctx.min(PREFILL_CHUNK);
-        let (context, reused) = match model.reuse(&tokens, cache.as_ref()) {
-            Some(reused) => reused,
-            None => (model.new_context(chunk)?, 0),
-        };
-        let created = Instant::now();
-
-        let mut generation = Self {
-            context: Some(context),
-            history: tokens[..reused].to_vec(),
-            cache,
-            reused_tokens: reused as u32,
-            sampler: sampler_for(&sampling),
-            batch: LlamaBatch::new(chunk as usize, 1),
-            position: tokens.len() as i32,
-            prompt_tokens: tokens.len() as u32,
+impl Sampled {
+    pub fn new(sampling: &Sampling, max_tokens: u32) -> Self {
+        Self {
+            sampler: sampler_for(sampling),
+            pending: Vec::new(),
             completion_tokens: 0,
             max_tokens,
-            pending: Vec::new(),
-            finished: None,
             confidence: Confidence::default(),
-            decode_started: created,
-            model,
-        };
-        let last = tokens.len() - 1;
-        for (c, piece) in tokens[reused..].chunks(chunk as usize).enumerate() {
-            generation.batch.clear();
-            for (j, token) in piece.iter().enumerate() {
-                let position = reused + c * chunk as usize + j;
-                // Only the prompt's last token needs logits: it predicts the first output.
-                generation
-                    .batch
-                    .add(*token, position as i32, &[0], position == last)?;
-            }
-            let batch = &mut generation.batch;
-            generation
-                .context
-                .as_mut()
-                .expect("a generation has its context until dropped")
-                .decode(batch)
-                .context("llama.cpp prefill failed")?;
+            finished: (max_tokens == 0).then_some(Finish::Length),
         }
-        generation.history = tokens;
-        let prefilled = Instant::now();
-        let prefill_tokens = generation.history.len() - reused;
-        generation.model.measured(|speed| {
-            if reused == 0 {
-                speed.overhead_ms.add(ms(created.duration_since(started)));
-            }
-            // A few tokens say more about fixed costs than about speed.
-            if prefill_tokens >= 16 {
-                speed
-                    .prefill_ms_per_token
-                    .add(ms(prefilled.duration_since(created)) / prefill_tokens as f64);
-            }
-        });
-        generation.decode_started = prefilled;
-        if max_tokens == 0 {
-            generation.finished = Some(Finish::Length);
-        }
-        Ok(generation)
     }
 
-    fn context(&self) -> &LlamaContext<'static> {
-        self.context
-            .as_ref()
-            .expect("a generation has its context until dropped")
-    }
-
-    pub fn finished(&self) -> Option<Finish> {
-        self.finished
-    }
-
-    /// Sample one token from the ready logits and decode it so the next
-    /// step's logits are ready. After the end it keeps answering the finish.
-    pub fn step(&mut self) -> anyhow::Result<Step> {
+    /// Sample the next token from the logits at batch `index` of the last
+    /// decode. Returns the step, and the token to decode next while the
+    /// completion goes on.
+    pub fn next(
+        &mut self,
+        context: &LlamaContext<'_>,
+        index: i32,
+        model: &LlamaModel,
+    ) -> (Step, Option<LlamaToken>) {
         if let Some(finish) = self.finished {
-            return Ok(Step {
-                text: self.flush_pending(),
-                finish: Some(finish),
-            });
+            return (self.end(finish), None);
         }
-        let last = self.batch.n_tokens() - 1;
-        let context = self
-            .context
-            .as_ref()
-            .expect("a generation has its context until dropped");
-        let token = self.sampler.sample(context, last);
+        let token = self.sampler.sample(context, index);
         self.sampler.accept(token);
         // The model's own probability of the token, whatever the sampler
         // did: the confidence a cascade judges.
-        let logits = self.context().get_logits_ith(last);
+        let logits = context.get_logits_ith(index);
         self.confidence
             .add(confidence::logprob(logits, token.0 as usize));
-        let vocab = self.model.model.vocab();
+        let vocab = model.vocab();
         if vocab.is_eog(token) {
-            self.record_decode_speed();
-            self.finished = Some(Finish::Stop);
-            return Ok(Step {
-                text: self.flush_pending(),
-                finish: self.finished,
-            });
+            return (self.end(Finish::Stop), None);
         }
         self.completion_tokens += 1;
         self.pending
             .extend_from_slice(&vocab.token_to_piece(token, false, None));
         let text = self.take_complete_utf8();
         if self.completion_tokens >= self.max_tokens {
-            self.record_decode_speed();
-            self.finished = Some(Finish::Length);
-            let mut text = text;
-            text.push_str(&self.flush_pending());
-            return Ok(Step {
-                text,
-                finish: self.finished,
-            });
+            let mut step = self.end(Finish::Length);
+            step.text.insert_str(0, &text);
+            return (step, None);
         }
-        self.batch.clear();
-        self.batch.add(token, self.position, &[0], true)?;
-        self.position += 1;
-        self.context
-            .as_mut()
-            .expect("a generation has its context until dropped")
-            .decode(&mut self.batch)
-            .context("llama.cpp decode failed")?;
-        self.history.push(token);
-        Ok(Step { text, finish: None })
+        (Step { text, finish: None }, Some(token))
     }
 
-    fn record_decode_speed(&self) {
-        if self.completion_tokens == 0 {
-            return;
-        }
-        let per_token = ms(self.decode_started.elapsed()) / self.completion_tokens as f64;
-        self.model
-            .measured(|speed| speed.decode_ms_per_token.add(per_token));
-    }
-
-    /// Run to the end; the benchmark's baseline and non-streaming callers.
-    pub fn run_to_end(&mut self) -> anyhow::Result<(String, Finish)> {
-        let mut text = String::new();
-        loop {
-            let step = self.step()?;
-            text.push_str(&step.text);
-            if let Some(finish) = step.finish {
-                return Ok((text, finish));
-            }
+    fn end(&mut self, finish: Finish) -> Step {
+        self.finished = Some(finish);
+        Step {
+            text: self.flush_pending(),
+            finish: Some(finish),
         }
     }
 
@@ -513,24 +359,130 @@ impl Generation {
     }
 }
 
-/// A generation that ends, finished or not, leaves its context to the
-/// model's prefix cache (when it has a scope).
-impl Drop for Generation {
-    fn drop(&mut self) {
-        let (Some(context), Some(scope)) = (self.context.take(), self.cache.take()) else {
-            return;
+/// A completion in a llama.cpp context of its own, which borrows the
+/// model that `model` keeps alive.
+pub struct Generation {
+    // Declared before `model`: fields drop in order.
+    context: LlamaContext<'static>,
+    sampled: Sampled,
+    batch: LlamaBatch<'static>,
+    /// Position of the next token in the context.
+    position: i32,
+    pub prompt_tokens: u32,
+    /// When decoding began (after the prefill), for the decode speed.
+    decode_started: Instant,
+    model: Arc<LoadedModel>,
+}
+
+impl Generation {
+    fn new(
+        model: Arc<LoadedModel>,
+        tokens: Vec<LlamaToken>,
+        sampling: Sampling,
+    ) -> anyhow::Result<Self> {
+        let started = Instant::now();
+        let max_tokens = model.completion_room(tokens.len(), sampling.max_tokens)?;
+        // The prefill runs in chunks of PREFILL_CHUNK tokens: llama.cpp sizes
+        // its compute buffers by n_batch, and a context-sized batch made
+        // every context slower to create than the prefill itself.
+        let chunk = model.runtime.context_size.min(PREFILL_CHUNK);
+        let mut context = model.new_context(chunk)?;
+        let created = Instant::now();
+        let mut batch = LlamaBatch::new(chunk as usize, 1);
+        let last = tokens.len() - 1;
+        for (c, piece) in tokens.chunks(chunk as usize).enumerate() {
+            batch.clear();
+            for (j, token) in piece.iter().enumerate() {
+                let position = c * chunk as usize + j;
+                // Only the prompt's last token needs logits: it predicts the first output.
+                batch.add(*token, position as i32, &[0], position == last)?;
+            }
+            context
+                .decode(&mut batch)
+                .context("llama.cpp prefill failed")?;
+        }
+        let prefilled = Instant::now();
+        model.measured(|speed| {
+            speed.overhead_ms.add(ms(created.duration_since(started)));
+            // A few tokens say more about fixed costs than about speed.
+            if tokens.len() >= 16 {
+                speed
+                    .prefill_ms_per_token
+                    .add(ms(prefilled.duration_since(created)) / tokens.len() as f64);
+            }
+        });
+        Ok(Self {
+            context,
+            sampled: Sampled::new(&sampling, max_tokens),
+            batch,
+            position: tokens.len() as i32,
+            prompt_tokens: tokens.len() as u32,
+            decode_started: prefilled,
+            model,
+        })
+    }
+
+    pub fn finished(&self) -> Option<Finish> {
+        self.sampled.finished
+    }
+
+    pub fn completion_tokens(&self) -> u32 {
+        self.sampled.completion_tokens
+    }
+
+    pub fn confidence(&self) -> Confidence {
+        self.sampled.confidence
+    }
+
+    /// Sample one token from the ready logits and decode it so the next
+    /// step's logits are ready. After the end it keeps answering the finish.
+    pub fn step(&mut self) -> anyhow::Result<Step> {
+        let was_running = self.sampled.finished.is_none();
+        let last = self.batch.n_tokens() - 1;
+        let (step, next) = self.sampled.next(&self.context, last, &self.model.model);
+        let Some(token) = next else {
+            if was_running {
+                self.record_decode_speed();
+            }
+            return Ok(step);
         };
-        let idle = Idle::new(context, std::mem::take(&mut self.history), scope);
-        let mut cache = self.model.cache.lock().unwrap_or_else(|p| p.into_inner());
-        cache.put(idle);
+        self.batch.clear();
+        self.batch.add(token, self.position, &[0], true)?;
+        self.position += 1;
+        self.context
+            .decode(&mut self.batch)
+            .context("llama.cpp decode failed")?;
+        Ok(step)
+    }
+
+    fn record_decode_speed(&self) {
+        let tokens = self.sampled.completion_tokens;
+        if tokens == 0 {
+            return;
+        }
+        let per_token = ms(self.decode_started.elapsed()) / tokens as f64;
+        self.model
+            .measured(|speed| speed.decode_ms_per_token.add(per_token));
+    }
+
+    /// Run to the end; the benchmark's baseline and non-streaming callers.
+    pub fn run_to_end(&mut self) -> anyhow::Result<(String, Finish)> {
+        let mut text = String::new();
+        loop {
+            let step = self.step()?;
+            text.push_str(&step.text);
+            if let Some(finish) = step.finish {
+                return Ok((text, finish));
+            }
+        }
     }
 }
 
-fn ms(d: std::time::Duration) -> f64 {
+pub(super) fn ms(d: std::time::Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-fn sampler_for(sampling: &Sampling) -> LlamaSampler {
+pub(super) fn sampler_for(sampling: &Sampling) -> LlamaSampler {
     if sampling.temperature <= 0.0 {
         LlamaSampler::greedy()
     } else {

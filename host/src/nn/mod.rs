@@ -5,6 +5,7 @@ mod backend;
 pub mod embed;
 pub mod engine;
 pub mod prefix;
+pub mod scheduler;
 
 pub use backend::{GgmlBackend, ModelRegistry};
 pub use embed::{Embedder, Embedding};
@@ -15,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use wasmtime_wasi_nn::wit::WasiNnCtx;
 
 pub use prefix::CacheScope;
+pub use scheduler::{BatchLoad, BatchParams, Scheduler};
 
 /// What a request's generation reports as it runs (shared between the
 /// wasi-nn backend and the router).
@@ -27,6 +29,15 @@ pub struct Measured {
 }
 
 pub type Meter = Arc<Mutex<Measured>>;
+
+/// A chat as the router tokenized it for the features (template included),
+/// handed to the backend with the job so the prompt is tokenized once: the
+/// backend uses these tokens when the worker sends the same messages.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tokenized {
+    pub messages: Vec<(String, String)>,
+    pub tokens: Vec<llama_cpp_2::token::LlamaToken>,
+}
 
 /// A fresh wasi-nn context for one store: the shared models, one backend.
 pub fn context(models: ModelRegistry) -> WasiNnCtx {

@@ -1,11 +1,11 @@
-//! Prefix reuse: a finished generation's llama.cpp context is kept, with
-//! the tokens whose KV state it holds, and a later request whose prompt
-//! starts with those tokens continues from them instead of prefilling
-//! again. An agent's 9th call then prefills only what the 8th did not.
+//! Prefix reuse: a finished generation's sequence stays in the batch
+//! scheduler's KV cache, with the tokens whose state it holds, and a later
+//! request whose prompt starts with those tokens continues from them
+//! instead of prefilling again. An agent's 9th call then prefills only what
+//! the 8th did not.
 //!
-//! Idle contexts are bounded (`[local] prefix_cache_tokens`, each context
-//! reserving `context_size` tokens of KV) and the least recently used is
-//! dropped first. A cached context is reused only by a request at the same
+//! Idle sequences are bounded in number here and in tokens by the
+//! scheduler's KV budget; the least recently used goes first. A cached context is reused only by a request at the same
 //! or a more restrictive sensitivity level: a public request must not be
 //! able to learn, even from its own latency, that a restricted prompt
 //! started the way its own does.
@@ -26,11 +26,12 @@ pub struct CacheScope {
     pub tenant: String,
 }
 
-/// A context between generations (`C` is llama.cpp's context; the
-/// selection logic does not need one, so its tests use `()`).
+/// A finished sequence between generations (`C` is its llama.cpp
+/// sequence id; the selection logic does not need one, so its tests use
+/// `()`).
 pub(super) struct Idle<C> {
     pub context: C,
-    /// The tokens whose KV state the context holds, in order from position 0.
+    /// The tokens whose KV state the sequence holds, in order from position 0.
     pub tokens: Vec<LlamaToken>,
     pub scope: CacheScope,
     last_used: u64,
@@ -98,31 +99,46 @@ impl<C> PrefixCache<C> {
         Some((self.entries.swap_remove(i), n))
     }
 
-    /// Keep a finished generation's context; beyond the capacity the least
-    /// recently used entry goes.
-    pub fn put(&mut self, mut idle: Idle<C>) {
+    /// Keep a finished sequence; beyond the capacity the least recently
+    /// used entry goes. Returns the entries dropped, whose state the caller
+    /// frees.
+    pub fn put(&mut self, mut idle: Idle<C>) -> Vec<Idle<C>> {
         if self.capacity == 0 {
-            return;
+            return vec![idle];
         }
         self.clock += 1;
         idle.last_used = self.clock;
+        let mut dropped = Vec::new();
         // One entry per session: the newer one holds the longer history.
         if let Some(session) = &idle.scope.session {
             let tenant = &idle.scope.tenant;
-            self.entries
-                .retain(|e| e.scope.session.as_ref() != Some(session) || &e.scope.tenant != tenant);
+            let older = |e: &Idle<C>| {
+                e.scope.session.as_ref() == Some(session) && &e.scope.tenant == tenant
+            };
+            while let Some(i) = self.entries.iter().position(older) {
+                dropped.push(self.entries.swap_remove(i));
+            }
         }
         self.entries.push(idle);
         while self.entries.len() > self.capacity {
-            let oldest = (0..self.entries.len())
-                .min_by_key(|&i| self.entries[i].last_used)
-                .expect("the cache is not empty");
-            self.entries.swap_remove(oldest);
+            dropped.extend(self.evict_oldest());
         }
+        dropped
+    }
+
+    /// Drop the least recently used entry, to make room.
+    pub fn evict_oldest(&mut self) -> Option<Idle<C>> {
+        let oldest = (0..self.entries.len()).min_by_key(|&i| self.entries[i].last_used)?;
+        Some(self.entries.swap_remove(oldest))
     }
 
     pub fn len(&self) -> usize {
         self.entries.len()
+    }
+
+    /// KV cells the entries hold.
+    pub fn tokens(&self) -> usize {
+        self.entries.iter().map(|e| e.tokens.len()).sum()
     }
 }
 
@@ -218,16 +234,19 @@ mod tests {
         cache.put(Idle::new((), t(&[1, 2, 8]), a.clone()));
         assert_eq!(cache.len(), 2);
         assert_eq!(cache.peek(&t(&[1, 2, 8, 9]), &a), 3);
-        // Full: the least recently used (the sessionless one) is evicted.
-        cache.put(Idle::new((), t(&[7]), scope(Sensitivity::Public, None)));
-        assert_eq!(cache.len(), 2);
+        // Full: the least recently used (the sessionless one) is evicted
+        // and handed back, so its KV state can be freed.
+        let dropped = cache.put(Idle::new((), t(&[7]), scope(Sensitivity::Public, None)));
+        assert_eq!(dropped.len(), 1);
+        assert_eq!(dropped[0].tokens, t(&[1, 2, 3, 4]));
+        assert_eq!((cache.len(), cache.tokens()), (2, 4));
         assert_eq!(
             cache.peek(&t(&[1, 2, 3, 4]), &scope(Sensitivity::Public, None)),
             2
         );
-        // Capacity 0 keeps nothing.
+        // Capacity 0 keeps nothing, and hands the entry back to be freed.
         let mut off = PrefixCache::new(0);
-        off.put(Idle::new((), t(&[1]), a));
+        assert_eq!(off.put(Idle::new((), t(&[1]), a)).len(), 1);
         assert_eq!(off.len(), 0);
     }
 

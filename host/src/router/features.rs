@@ -10,7 +10,7 @@
 use super::request::{Invalid, Prepared};
 use crate::config::GuardConfig;
 use crate::detect::Detector;
-use crate::nn::{CacheScope, Embedder};
+use crate::nn::{CacheScope, Embedder, Tokenized};
 use crate::targets::cloud::CloudTarget;
 use crate::targets::local::LocalTarget;
 use crate::tenants::{self, Tenant};
@@ -42,6 +42,9 @@ pub struct Extracted {
     pub tenant: String,
     /// Whose cached prefix a local run may reuse, and whose it leaves.
     pub cache: CacheScope,
+    /// The prompt's tokens on the local model, counted for the features
+    /// and handed to the backend (tokenized once).
+    pub prompt: Option<Arc<Tokenized>>,
 }
 
 /// Every string in a JSON value, keys of objects included (a tool's
@@ -161,19 +164,27 @@ fn prompt_tokens(
     request: &Prepared,
     local: &LocalTarget,
     cache: &CacheScope,
-) -> Result<(u32, u32), Invalid> {
-    let Some(model) = local
+) -> Result<(u32, u32, Option<Arc<Tokenized>>), Invalid> {
+    let Some((name, model)) = local
         .model_names()
-        .first()
-        .and_then(|name| local.model(name).cloned())
+        .into_iter()
+        .next()
+        .and_then(|name| Some((name.clone(), local.model(&name)?.clone())))
     else {
         let bytes: usize = request.messages.iter().map(|(_, text)| text.len()).sum();
-        return Ok((bytes.div_ceil(4) as u32, 0));
+        return Ok((bytes.div_ceil(4) as u32, 0, None));
     };
     let tokens = model
         .chat_tokens(&request.messages)
         .map_err(|e| Invalid::request(format!("cannot format the messages: {e:#}")))?;
-    Ok((tokens.len() as u32, model.cached_prefix(&tokens, cache)))
+    Ok((
+        tokens.len() as u32,
+        local.cached_prefix(&name, &tokens, cache),
+        Some(Arc::new(Tokenized {
+            messages: request.messages.clone(),
+            tokens,
+        })),
+    ))
 }
 
 fn latency_budget_ms(request: &Prepared, signals: &Signals) -> Option<u32> {
@@ -216,7 +227,7 @@ pub fn extract(
         session: signals.session.clone(),
         tenant: tenant.clone(),
     };
-    let (prompt_tokens, cached_prefix_tokens) = prompt_tokens(request, local, &cache)?;
+    let (prompt_tokens, cached_prefix_tokens, prompt) = prompt_tokens(request, local, &cache)?;
     let mut features = Features {
         request_id: request.id.clone(),
         requested_model: request.requested_model.clone(),
@@ -258,6 +269,7 @@ pub fn extract(
         facts,
         tenant,
         cache,
+        prompt,
     })
 }
 

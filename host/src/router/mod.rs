@@ -380,6 +380,7 @@ impl Context {
 
     fn launch(&self, target: Target, reason: String) -> Run {
         let cache = self.extracted.cache.clone();
+        let prompt = self.extracted.prompt.clone();
         let taint = self.taint(&reason);
         let mut request = self.chat_request();
         // Only an upstream gets the client's own body: the local model is
@@ -387,7 +388,7 @@ impl Context {
         if target.kind() == TargetKind::Cloud {
             request.passthrough = serde_json::to_string(&self.request.passthrough).ok();
         }
-        Run::launch(&self.node, target, reason, request, taint, cache)
+        Run::launch(&self.node, target, reason, request, taint, cache, prompt)
     }
 
     fn taint(&self, reason: &str) -> Taint {

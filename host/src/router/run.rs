@@ -4,7 +4,7 @@
 //! can still be followed by another hop (or a proper error status).
 
 use crate::bindings::target::{ChatRequest, Completion};
-use crate::nn::{CacheScope, Meter};
+use crate::nn::{CacheScope, Meter, Tokenized};
 use crate::node::Node;
 use crate::targets::{Delta, Job, Taint, TargetFailure, TargetResult};
 use edgeroute_core::Target;
@@ -43,6 +43,7 @@ impl Run {
         mut request: ChatRequest,
         taint: Taint,
         cache: CacheScope,
+        prompt: Option<Arc<Tokenized>>,
     ) -> Run {
         let (tx, deltas) = mpsc::unbounded_channel();
         // Each backend fills in the model it runs (the local model, the
@@ -55,6 +56,7 @@ impl Run {
             request,
             meter: meter.clone(),
             cache: Some(cache),
+            prompt,
             waiting: Some(waiting),
         };
         let node = node.clone();

@@ -322,6 +322,7 @@ mod tests {
             stream: None,
             meter: Default::default(),
             cache: None,
+            prompt: None,
             waiting: None,
         };
         let taint = Taint {

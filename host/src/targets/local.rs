@@ -1,10 +1,11 @@
 //! The local target: the local-worker component generating through wasi-nn
-//! on models the node preloaded. Admission is bounded: a full queue is an
-//! immediate, explicit refusal rather than unbounded waiting.
+//! on models the node preloaded, each with its batch scheduler. Admission
+//! is bounded: a full queue is an immediate, explicit refusal rather than
+//! unbounded waiting; up to `max_concurrent` generations share the batch.
 
 use super::{Job, TargetFailure, TargetResult, trapped};
 use crate::bindings::target::TargetPre;
-use crate::nn::{self, LoadedModel, ModelRegistry};
+use crate::nn::{self, BatchLoad, BatchParams, CacheScope, LoadedModel, ModelRegistry, Scheduler};
 use crate::runtime::roles::local_worker::{self, LocalState};
 use crate::runtime::roles::{self, Role};
 use crate::runtime::{self, NO_DEADLINE, Sink};
@@ -20,12 +21,12 @@ use wasmtime::{Engine, Store};
 pub struct LocalTarget {
     engine: Engine,
     pre: TargetPre<LocalState>,
-    models: BTreeMap<String, Arc<LoadedModel>>,
+    models: BTreeMap<String, Arc<Scheduler>>,
     max_queue: u32,
     max_concurrent: u32,
     /// Requests waiting or running; `max_queue` permits in all.
     admission: Arc<Semaphore>,
-    /// Generations running at once.
+    /// Generations in the batch at once.
     running: Arc<Semaphore>,
     /// How long a generation holds its slot, for the wait estimate.
     service_ms: Mutex<Ewma>,
@@ -37,14 +38,24 @@ impl LocalTarget {
         worker: &[u8],
         models: Vec<Arc<LoadedModel>>,
         max_queue: u32,
-        max_concurrent: u32,
+        batch: BatchParams,
     ) -> anyhow::Result<Self> {
         let component = roles::compile(engine, worker, Role::LocalWorker, "local worker")?;
         let pre = TargetPre::new(local_worker::linker(engine)?.instantiate_pre(&component)?)?;
+        let max_concurrent = batch.width;
+        let models = models
+            .into_iter()
+            .map(|model| {
+                Ok((
+                    model.name.clone(),
+                    Arc::new(Scheduler::spawn(model, batch)?),
+                ))
+            })
+            .collect::<anyhow::Result<_>>()?;
         Ok(Self {
             engine: engine.clone(),
             pre,
-            models: models.into_iter().map(|m| (m.name.clone(), m)).collect(),
+            models,
             max_queue,
             max_concurrent,
             admission: Arc::new(Semaphore::new(max_queue as usize)),
@@ -54,7 +65,24 @@ impl LocalTarget {
     }
 
     pub fn model(&self, name: &str) -> Option<&Arc<LoadedModel>> {
-        self.models.get(name)
+        self.models.get(name).map(|s| s.model())
+    }
+
+    /// Prompt tokens `model` would continue from its prefix cache now.
+    pub fn cached_prefix(
+        &self,
+        model: &str,
+        tokens: &[llama_cpp_2::token::LlamaToken],
+        scope: &CacheScope,
+    ) -> u32 {
+        self.models
+            .get(model)
+            .map_or(0, |s| s.cached_prefix(tokens, scope))
+    }
+
+    /// The batch scheduler's load on `model`.
+    pub fn batch_load(&self, model: &str) -> Option<BatchLoad> {
+        Some(self.models.get(model)?.load())
     }
 
     pub fn model_names(&self) -> Vec<String> {
@@ -92,7 +120,7 @@ impl LocalTarget {
     /// The local estimate for a request of these features on `model`.
     pub fn estimate(&self, model: &str, features: &Features) -> Option<Estimate> {
         // Only the part of the prompt not in the prefix cache is prefilled.
-        self.models.get(model)?.estimate(
+        self.model(model)?.estimate(
             features.prompt_tokens - features.cached_prefix_tokens,
             features.max_tokens,
             features.local_wait_ms as f64,
@@ -121,6 +149,7 @@ impl LocalTarget {
             self.models.values(),
             &job.meter,
             job.cache.as_ref(),
+            job.prompt.clone(),
         ));
         let handle = tokio::runtime::Handle::current();
         // llama.cpp blocks its thread for the whole generation; keep it off

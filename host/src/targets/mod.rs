@@ -92,6 +92,8 @@ pub struct Job {
     /// Who may reuse the local model's cached prefix, and whose this
     /// generation's becomes; None: no reuse (benchmarks).
     pub cache: Option<crate::nn::CacheScope>,
+    /// The prompt as the router tokenized it for the local model.
+    pub prompt: Option<std::sync::Arc<crate::nn::Tokenized>>,
     /// Closed when nobody waits for a non-streamed answer any more (its
     /// client went away): the target is told through `sink.emit` and
     /// stops, instead of holding the local model for a lost answer.

@@ -84,7 +84,6 @@ pub async fn replay(
     let runtime = RuntimeParams {
         threads: config.local.threads,
         context_size: config.local.context_size,
-        prefix_cache_entries: 0,
     };
     let model = LoadedModel::load(&local_config.name, &local_config.path, runtime)?;
     let embedder = match (&config.local.embedding, first.needs.embedding) {

@@ -30,6 +30,7 @@ mod authoring;
 mod batch;
 mod chat;
 mod dataset;
+mod decoding;
 mod embeddings;
 mod observability;
 mod policy_languages;

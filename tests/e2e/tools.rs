@@ -99,12 +99,13 @@ fn a_request_only_an_upstream_can_serve_is_refused_when_it_may_not_leave() {
     );
     assert!(cloud.chat_requests().is_empty(), "{}", cloud.describe());
 
-    // A public request asking for JSON goes to the cloud, with the fields
+    // A public request offering tools goes to the cloud, with the fields
     // the node does not know and without edgeroute's metadata.
     let resp = node.post_chat(
         json!({
             "model": "auto",
             "messages": [{"role": "user", "content": "hi"}],
+            "tools": tools,
             "response_format": {"type": "json_object"},
             "logit_bias": {"50256": -100},
             "metadata": {"task": "greeting"},
@@ -113,10 +114,7 @@ fn a_request_only_an_upstream_can_serve_is_refused_when_it_may_not_leave() {
     );
     assert_eq!(resp.status, 200, "{resp:?}");
     assert_eq!(resp.target(), Some("cloud:frontier"), "{resp:?}");
-    assert!(
-        resp.reason().unwrap().contains("response_format"),
-        "{resp:?}"
-    );
+    assert!(resp.reason().unwrap().contains("tool calls"), "{resp:?}");
     let sent = &cloud.chat_requests()[0].body;
     assert_eq!(
         sent["response_format"],
@@ -181,8 +179,8 @@ fn upstream_connections_are_pooled_and_reused() {
         let resp = node.post_chat(
             json!({
                 "model": "auto",
-                "messages": [{"role": "user", "content": format!("Request {i} as JSON.")}],
-                "response_format": {"type": "json_object"},
+                "messages": [{"role": "user", "content": format!("Request {i}: look it up.")}],
+                "tools": [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}],
             }),
             &[],
         );

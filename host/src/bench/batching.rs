@@ -69,6 +69,7 @@ async fn through_node(
         meter: Default::default(),
         cache: None,
         prompt: None,
+        decoding: Default::default(),
         waiting: None,
     });
     let collect = async {
@@ -258,10 +259,20 @@ pub async fn run(
         "  direct one at a time: {baseline_rate:.1} tokens/s; prefill {prefill:.0} tokens/s (direct, same threads)"
     );
     let kv_mib = load.kv_budget as f64 * model.kv_bytes_per_token() as f64 / (1 << 20) as f64;
-    let model_mib = model.size_bytes() as f64 / (1 << 20) as f64;
+    // The node also holds the embedding model, if it has one: its weights
+    // are part of "the model" in the bound.
+    let embedding_bytes = node
+        .config
+        .local
+        .embedding
+        .as_ref()
+        .and_then(|e| std::fs::metadata(&e.path).ok())
+        .map_or(0, |m| m.len());
+    let model_mib = (model.size_bytes() + embedding_bytes) as f64 / (1 << 20) as f64;
+    let bound = kv_mib + model_mib + 100.0;
     println!(
-        "  RSS: idle {idle_rss:.0} MiB, peak with up to 8 sequences {peak_rss:.0} MiB (llama.cpp allocates and clears the whole KV cache at start, so sequences do not grow it); bound = KV budget {kv_mib:.0} MiB + model {model_mib:.0} MiB + 100 MiB = {:.0} MiB (the whole node process, embedding model included)",
-        kv_mib + model_mib + 100.0
+        "  RSS: idle {idle_rss:.0} MiB, peak with up to 8 sequences {peak_rss:.0} MiB (llama.cpp allocates and clears the whole KV cache at start, so sequences add little); bound = KV budget {kv_mib:.0} MiB + models {model_mib:.0} MiB + 100 MiB = {bound:.0} MiB: {}",
+        if peak_rss <= bound { "within" } else { "OVER" }
     );
     Ok(())
 }

@@ -80,6 +80,7 @@ async fn call(node: &Node, at: &Where<'_>, messages: &[Message]) -> anyhow::Resu
         meter: meter.clone(),
         cache,
         prompt: None,
+        decoding: Default::default(),
         waiting: None,
     };
     let t0 = Instant::now();

@@ -47,6 +47,10 @@ pub struct Options {
     /// Inference threads, in place of the config's `[local] threads`.
     #[arg(long)]
     pub threads: Option<u32>,
+    /// Batch width, in place of the config's `[local] max_concurrent`
+    /// (the batching benchmark runs up to 8 requests at once).
+    #[arg(long)]
+    pub max_concurrent: Option<u32>,
     /// Run only the detection benchmark.
     #[arg(long)]
     pub detection_only: bool,
@@ -132,6 +136,7 @@ async fn through_wasi_nn(node: &Node, model: &str, sampling: Sampling) -> anyhow
         meter: Default::default(),
         cache: None,
         prompt: None,
+        decoding: Default::default(),
         waiting: None,
     });
     let collect = async {
@@ -213,6 +218,9 @@ pub async fn run(mut config: Config, options: Options) -> anyhow::Result<()> {
     }
     if let Some(threads) = options.threads {
         config.local.threads = threads;
+    }
+    if let Some(width) = options.max_concurrent {
+        config.local.max_concurrent = width;
     }
     let threads = config.local.threads;
     let node = Node::start(config).await?;

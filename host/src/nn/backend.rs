@@ -6,7 +6,7 @@
 
 use super::engine::Sampling;
 use super::scheduler::{Scheduler, Sequence};
-use super::{CacheScope, Meter, Tokenized};
+use super::{CacheScope, Decoding, Meter, Tokenized};
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -50,6 +50,7 @@ impl ModelRegistry {
         meter: &Meter,
         cache: Option<&CacheScope>,
         prompt: Option<Arc<Tokenized>>,
+        decoding: &Decoding,
     ) -> Self {
         let graphs = models.into_iter().map(|scheduler| {
             let graph: Box<dyn BackendGraph> = Box::new(LlamaGraph {
@@ -57,6 +58,7 @@ impl ModelRegistry {
                 meter: meter.clone(),
                 cache: cache.cloned(),
                 prompt: prompt.clone(),
+                decoding: decoding.clone(),
             });
             (scheduler.model().name.clone(), Graph::from(graph))
         });
@@ -79,6 +81,7 @@ struct LlamaGraph {
     /// The request's prefix-cache scope; None: no reuse.
     cache: Option<CacheScope>,
     prompt: Option<Arc<Tokenized>>,
+    decoding: Decoding,
 }
 
 impl BackendGraph for LlamaGraph {
@@ -88,6 +91,7 @@ impl BackendGraph for LlamaGraph {
             meter: self.meter.clone(),
             cache: self.cache.clone(),
             prompt: self.prompt.clone(),
+            decoding: self.decoding.clone(),
             generation: Mutex::new(None),
         });
         Ok(ExecutionContext::from(ctx))
@@ -102,6 +106,8 @@ struct LlamaExecution {
     cache: Option<CacheScope>,
     /// The router's tokens for this request's chat, if it counted them.
     prompt: Option<Arc<Tokenized>>,
+    /// The host's stop sequences and grammar for this request.
+    decoding: Decoding,
     generation: Mutex<Option<Sequence>>,
 }
 
@@ -166,7 +172,7 @@ impl LlamaExecution {
         };
         let generation = self
             .scheduler
-            .submit(tokens, sampling, self.cache.clone())
+            .submit(tokens, sampling, self.decoding.clone(), self.cache.clone())
             .map_err(backend_error)?;
         self.meter
             .lock()

@@ -4,6 +4,7 @@
 //! `Generation` is the one-at-a-time baseline the benchmark compares it
 //! with, and the dataset replay's direct path.
 
+use super::decoding::{Decoding, StopScan};
 use anyhow::{Context, anyhow, bail};
 use edgeroute_core::confidence::{self, Confidence};
 use edgeroute_core::{Estimate, Speed};
@@ -272,6 +273,8 @@ pub(super) struct Sampled {
     sampler: LlamaSampler,
     /// Bytes of a UTF-8 character split across tokens.
     pending: Vec<u8>,
+    /// The request's stop sequences.
+    stop: StopScan,
     pub completion_tokens: u32,
     max_tokens: u32,
     /// Log-probabilities of the tokens produced so far.
@@ -280,15 +283,21 @@ pub(super) struct Sampled {
 }
 
 impl Sampled {
-    pub fn new(sampling: &Sampling, max_tokens: u32) -> Self {
-        Self {
-            sampler: sampler_for(sampling),
+    pub fn new(
+        sampling: &Sampling,
+        max_tokens: u32,
+        decoding: &Decoding,
+        model: &LlamaModel,
+    ) -> anyhow::Result<Self> {
+        Ok(Self {
+            sampler: sampler_for(sampling, decoding, model)?,
             pending: Vec::new(),
+            stop: StopScan::new(&decoding.stop),
             completion_tokens: 0,
             max_tokens,
             confidence: Confidence::default(),
             finished: (max_tokens == 0).then_some(Finish::Length),
-        }
+        })
     }
 
     /// Sample the next token from the logits at batch `index` of the last
@@ -303,8 +312,8 @@ impl Sampled {
         if let Some(finish) = self.finished {
             return (self.end(finish), None);
         }
+        // `sample` also accepts the token (a grammar advances on it).
         let token = self.sampler.sample(context, index);
-        self.sampler.accept(token);
         // The model's own probability of the token, whatever the sampler
         // did: the confidence a cascade judges.
         let logits = context.get_logits_ith(index);
@@ -317,7 +326,14 @@ impl Sampled {
         self.completion_tokens += 1;
         self.pending
             .extend_from_slice(&vocab.token_to_piece(token, false, None));
-        let text = self.take_complete_utf8();
+        let complete = self.take_complete_utf8();
+        let (text, stopped) = self.stop.push(&complete);
+        if stopped {
+            self.pending.clear();
+            self.finished = Some(Finish::Stop);
+            let finish = self.finished;
+            return (Step { text, finish }, None);
+        }
         if self.completion_tokens >= self.max_tokens {
             let mut step = self.end(Finish::Length);
             step.text.insert_str(0, &text);
@@ -326,10 +342,18 @@ impl Sampled {
         (Step { text, finish: None }, Some(token))
     }
 
+    /// The end of the completion: what is left of a split character and
+    /// any text held back as a possible stop sequence.
     fn end(&mut self, finish: Finish) -> Step {
+        let tail = self.flush_pending();
+        let (mut text, stopped) = self.stop.push(&tail);
+        if !stopped {
+            text.push_str(&self.stop.flush());
+        }
+        let finish = if stopped { Finish::Stop } else { finish };
         self.finished = Some(finish);
         Step {
-            text: self.flush_pending(),
+            text,
             finish: Some(finish),
         }
     }
@@ -413,7 +437,7 @@ impl Generation {
         });
         Ok(Self {
             context,
-            sampled: Sampled::new(&sampling, max_tokens),
+            sampled: Sampled::new(&sampling, max_tokens, &Decoding::default(), &model.model)?,
             batch,
             position: tokens.len() as i32,
             prompt_tokens: tokens.len() as u32,
@@ -482,14 +506,27 @@ pub(super) fn ms(d: std::time::Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-pub(super) fn sampler_for(sampling: &Sampling) -> LlamaSampler {
-    if sampling.temperature <= 0.0 {
-        LlamaSampler::greedy()
-    } else {
-        LlamaSampler::chain_simple([
-            LlamaSampler::top_p(sampling.top_p.clamp(0.0, 1.0), 1),
-            LlamaSampler::temp(sampling.temperature),
-            LlamaSampler::dist(sampling.seed),
-        ])
+/// The request's sampler: greedy at temperature 0, else top-p, temperature
+/// and a seeded draw; behind a grammar when the request has one, so only
+/// tokens the grammar allows are candidates.
+fn sampler_for(
+    sampling: &Sampling,
+    decoding: &Decoding,
+    model: &LlamaModel,
+) -> anyhow::Result<LlamaSampler> {
+    let mut chain = Vec::new();
+    if let Some(grammar) = &decoding.grammar {
+        chain.push(
+            LlamaSampler::grammar(model, grammar, "root")
+                .map_err(|e| anyhow!("llama.cpp refused the response format's grammar: {e}"))?,
+        );
     }
+    if sampling.temperature <= 0.0 {
+        chain.push(LlamaSampler::greedy());
+    } else {
+        chain.push(LlamaSampler::top_p(sampling.top_p.clamp(0.0, 1.0), 1));
+        chain.push(LlamaSampler::temp(sampling.temperature));
+        chain.push(LlamaSampler::dist(sampling.seed));
+    }
+    Ok(LlamaSampler::chain_simple(chain))
 }

@@ -2,6 +2,7 @@
 //! exposed by name through wasmtime-wasi-nn's backend traits.
 
 mod backend;
+pub mod decoding;
 pub mod embed;
 pub mod engine;
 pub mod prefix;
@@ -15,6 +16,7 @@ use edgeroute_core::Confidence;
 use std::sync::{Arc, Mutex};
 use wasmtime_wasi_nn::wit::WasiNnCtx;
 
+pub use decoding::Decoding;
 pub use prefix::CacheScope;
 pub use scheduler::{BatchLoad, BatchParams, Scheduler};
 

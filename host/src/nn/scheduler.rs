@@ -15,6 +15,7 @@
 //! The wasi-nn backend submits a prompt and then blocks on the sequence's
 //! events, one per token, so the local-worker component does not change.
 
+use super::decoding::Decoding;
 use super::engine::{Finish, LoadedModel, PREFILL_CHUNK, Sampled, Sampling, Step, backend, ms};
 use super::prefix::{CacheScope, Idle, PrefixCache};
 use anyhow::{Context, anyhow, bail};
@@ -64,6 +65,7 @@ struct Shared {
 struct Submit {
     tokens: Vec<LlamaToken>,
     sampling: Sampling,
+    decoding: Decoding,
     max_tokens: u32,
     scope: Option<CacheScope>,
     events: Sender<Event>,
@@ -141,6 +143,7 @@ impl Scheduler {
         &self,
         tokens: Vec<LlamaToken>,
         sampling: Sampling,
+        decoding: Decoding,
         scope: Option<CacheScope>,
     ) -> anyhow::Result<Sequence> {
         let max_tokens = self
@@ -152,6 +155,7 @@ impl Scheduler {
         let submit = Submit {
             tokens,
             sampling,
+            decoding,
             max_tokens,
             scope,
             events,
@@ -455,6 +459,19 @@ impl Batcher<'_> {
                 self.waiting.push_front(submit);
                 return;
             }
+            let sampled = match Sampled::new(
+                &submit.sampling,
+                submit.max_tokens,
+                &submit.decoding,
+                &self.model.model,
+            ) {
+                Ok(sampled) => sampled,
+                Err(e) => {
+                    let _ = submit.events.send(Event::Failed(format!("{e:#}")));
+                    self.release(context, seq);
+                    continue;
+                }
+            };
             if submit
                 .events
                 .send(Event::Admitted {
@@ -471,7 +488,7 @@ impl Batcher<'_> {
                 fed: kept,
                 prompt: submit.tokens,
                 next: None,
-                sampled: Sampled::new(&submit.sampling, submit.max_tokens),
+                sampled,
                 reserved,
                 logits_at: None,
                 scope: submit.scope,

@@ -379,8 +379,13 @@ impl Context {
     }
 
     fn launch(&self, target: Target, reason: String) -> Run {
-        let cache = self.extracted.cache.clone();
-        let prompt = self.extracted.prompt.clone();
+        let local = run::LocalInputs {
+            cache: self.extracted.cache.clone(),
+            prompt: self.extracted.prompt.clone(),
+            // Only the local backend reads it: an upstream gets `stop` and
+            // `response_format` in the client's own body.
+            decoding: self.request.decoding.clone(),
+        };
         let taint = self.taint(&reason);
         let mut request = self.chat_request();
         // Only an upstream gets the client's own body: the local model is
@@ -388,7 +393,7 @@ impl Context {
         if target.kind() == TargetKind::Cloud {
             request.passthrough = serde_json::to_string(&self.request.passthrough).ok();
         }
-        Run::launch(&self.node, target, reason, request, taint, cache, prompt)
+        Run::launch(&self.node, target, reason, request, taint, local)
     }
 
     fn taint(&self, reason: &str) -> Taint {

@@ -8,10 +8,13 @@
 //! "restricted"` into `"public"` without anyone seeing it.
 
 use crate::config::Limits;
+use crate::nn::Decoding;
+use crate::nn::decoding::MAX_STOP_SEQUENCES;
 use serde::Deserialize;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 use std::fmt;
+use std::sync::Arc;
 
 /// A request the pipeline refuses before routing it (HTTP 4xx).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,9 +69,12 @@ pub struct Prepared {
     /// interpret (tools, tool_choice, response_format, unknown ones) reach
     /// it unchanged.
     pub passthrough: Map<String, Value>,
-    /// What only an upstream can serve (tool calls, a response format):
-    /// such a request goes to the cloud when it may leave, else a 400.
+    /// What only an upstream can serve (tool calls, a schema llama.cpp
+    /// cannot turn into a grammar): such a request goes to the cloud when
+    /// it may leave, else a 400.
     pub needs_cloud: Option<&'static str>,
+    /// `stop` and `response_format`, as the local model follows them.
+    pub decoding: Decoding,
 }
 
 /// Parse JSON refusing duplicate keys anywhere, in the one pass that
@@ -250,7 +256,14 @@ pub fn parse(body: &[u8], limits: &Limits, id: String, created: u64) -> Result<P
         _ => Map::new(),
     };
     passthrough.remove("metadata");
-    let needs_cloud = needs_cloud(&passthrough);
+    let stop = stop_sequences(passthrough.get("stop"))?;
+    let (grammar, needs_cloud) = match needs_cloud(&passthrough) {
+        Some(what) => (None, Some(what)),
+        None => match response_grammar(passthrough.get("response_format"))? {
+            Ok(grammar) => (grammar, None),
+            Err(what) => (None, Some(what)),
+        },
+    };
     let request = ChatCompletionRequest::deserialize(value)
         .map_err(|e| Invalid::request(format!("invalid chat completion request: {e}")))?;
     if request.messages.is_empty() {
@@ -324,13 +337,74 @@ pub fn parse(body: &[u8], limits: &Limits, id: String, created: u64) -> Result<P
         metadata: request.metadata.unwrap_or_default(),
         passthrough,
         needs_cloud,
+        decoding: Decoding { stop, grammar },
     })
 }
 
+/// OpenAI's `stop`: a string, or up to four of them.
+fn stop_sequences(value: Option<&Value>) -> Result<Vec<String>, Invalid> {
+    let invalid = || {
+        Invalid::request(format!(
+            "'stop' must be a string or an array of at most {MAX_STOP_SEQUENCES} non-empty strings"
+        ))
+        .param("stop")
+    };
+    let stops: Vec<String> = match value {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|item| item.as_str().map(str::to_string).ok_or_else(invalid))
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(invalid()),
+    };
+    if stops.len() > MAX_STOP_SEQUENCES || stops.iter().any(String::is_empty) {
+        return Err(invalid());
+    }
+    Ok(stops)
+}
+
+/// The grammar the local model follows for `response_format`: a JSON
+/// object for `json_object`, the schema's grammar for `json_schema`
+/// (converted by llama.cpp). `Err` names what the local model cannot
+/// follow (a schema llama.cpp cannot convert), which only an upstream can
+/// serve.
+#[allow(clippy::type_complexity)]
+fn response_grammar(
+    format: Option<&Value>,
+) -> Result<Result<Option<Arc<str>>, &'static str>, Invalid> {
+    let invalid = |why: &str| Invalid::request(why.to_string()).param("response_format");
+    let Some(format) = format.filter(|f| !f.is_null()) else {
+        return Ok(Ok(None));
+    };
+    let schema = match format.get("type").and_then(Value::as_str) {
+        Some("text") => return Ok(Ok(None)),
+        Some("json_object") => serde_json::json!({"type": "object"}),
+        Some("json_schema") => format
+            .get("json_schema")
+            .and_then(|s| s.get("schema"))
+            .cloned()
+            .ok_or_else(|| invalid("'response_format.json_schema.schema' is missing"))?,
+        _ => {
+            return Err(invalid(
+                "'response_format.type' must be 'text', 'json_object' or 'json_schema'",
+            ));
+        }
+    };
+    Ok(
+        match llama_cpp_2::json_schema_to_grammar(&schema.to_string()) {
+            Ok(grammar) => Ok(Some(Arc::from(grammar))),
+            Err(e) => {
+                tracing::info!("a response_format schema has no local grammar: {e}");
+                Err("a response_format schema the local model cannot follow")
+            }
+        },
+    )
+}
+
 /// What in a request the local model cannot serve. It has no tool-call
-/// grammar and no JSON-schema decoding; a request that offers tools (unless
-/// `tool_choice` is `none`), carries earlier tool calls, or asks for a
-/// structured response needs an upstream.
+/// grammar; a request that offers tools (unless `tool_choice` is `none`)
+/// or carries earlier tool calls needs an upstream.
 fn needs_cloud(request: &Map<String, Value>) -> Option<&'static str> {
     let offers_tools = request
         .get("tools")
@@ -345,15 +419,7 @@ fn needs_cloud(request: &Map<String, Value>) -> Option<&'static str> {
                 .iter()
                 .any(|m| m.get("tool_calls").is_some_and(|c| !c.is_null()))
         });
-    if offers_tools || has_tool_calls {
-        return Some("tool calls");
-    }
-    let structured = request
-        .get("response_format")
-        .and_then(|f| f.get("type"))
-        .and_then(Value::as_str)
-        .is_some_and(|t| t != "text");
-    structured.then_some("a structured response_format")
+    (offers_tools || has_tool_calls).then_some("tool calls")
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //! can still be followed by another hop (or a proper error status).
 
 use crate::bindings::target::{ChatRequest, Completion};
-use crate::nn::{CacheScope, Meter, Tokenized};
+use crate::nn::{CacheScope, Decoding, Meter, Tokenized};
 use crate::node::Node;
 use crate::targets::{Delta, Job, Taint, TargetFailure, TargetResult};
 use edgeroute_core::Target;
@@ -12,6 +12,16 @@ use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc::{self, UnboundedReceiver};
 use tokio::task::JoinHandle;
+
+/// What a local run takes from the pipeline beside the chat request.
+pub(super) struct LocalInputs {
+    /// Whose cached prefix it may reuse, and whose it leaves.
+    pub cache: CacheScope,
+    /// The prompt's tokens, counted for the features.
+    pub prompt: Option<Arc<Tokenized>>,
+    /// `stop` and `response_format` as the local model follows them.
+    pub decoding: Decoding,
+}
 
 pub(super) struct Run {
     pub target: Target,
@@ -42,8 +52,7 @@ impl Run {
         reason: String,
         mut request: ChatRequest,
         taint: Taint,
-        cache: CacheScope,
-        prompt: Option<Arc<Tokenized>>,
+        local: LocalInputs,
     ) -> Run {
         let (tx, deltas) = mpsc::unbounded_channel();
         // Each backend fills in the model it runs (the local model, the
@@ -55,8 +64,9 @@ impl Run {
             stream: request.stream.then_some(tx),
             request,
             meter: meter.clone(),
-            cache: Some(cache),
-            prompt,
+            cache: Some(local.cache),
+            prompt: local.prompt,
+            decoding: local.decoding,
             waiting: Some(waiting),
         };
         let node = node.clone();

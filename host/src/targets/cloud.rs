@@ -323,6 +323,7 @@ mod tests {
             meter: Default::default(),
             cache: None,
             prompt: None,
+            decoding: Default::default(),
             waiting: None,
         };
         let taint = Taint {

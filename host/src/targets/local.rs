@@ -150,6 +150,7 @@ impl LocalTarget {
             &job.meter,
             job.cache.as_ref(),
             job.prompt.clone(),
+            &job.decoding,
         ));
         let handle = tokio::runtime::Handle::current();
         // llama.cpp blocks its thread for the whole generation; keep it off

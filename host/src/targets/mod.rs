@@ -94,6 +94,8 @@ pub struct Job {
     pub cache: Option<crate::nn::CacheScope>,
     /// The prompt as the router tokenized it for the local model.
     pub prompt: Option<std::sync::Arc<crate::nn::Tokenized>>,
+    /// Stop sequences and a grammar for a local generation.
+    pub decoding: crate::nn::Decoding,
     /// Closed when nobody waits for a non-streamed answer any more (its
     /// client went away): the target is told through `sink.emit` and
     /// stops, instead of holding the local model for a lost answer.

@@ -115,25 +115,27 @@ pub struct NodeClient {
 }
 
 impl NodeClient {
-    fn send(&self, method: &str, path: &str, body: Option<Vec<u8>>) -> anyhow::Result<()> {
+    /// One admin call; prints the node's answer. reqwest, the host's one
+    /// HTTP client (upstream calls use it too), on the CLI's runtime.
+    async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> anyhow::Result<()> {
         let url = format!("{}{path}", self.node.trim_end_matches('/'));
-        let agent = ureq::Agent::new_with_config(
-            ureq::config::Config::builder()
-                .http_status_as_error(false)
-                .build(),
-        );
-        let auth = format!("Bearer {}", self.token);
-        let response = match (method, body) {
-            ("PUT", Some(body)) => agent
-                .put(&url)
-                .header("authorization", &auth)
-                .send(&body[..]),
-            ("POST", _) => agent.post(&url).header("authorization", &auth).send_empty(),
-            _ => agent.get(&url).header("authorization", &auth).call(),
+        let mut request = reqwest::Client::new()
+            .request(method, &url)
+            .bearer_auth(&self.token);
+        if let Some(body) = body {
+            request = request.body(body);
         }
-        .with_context(|| format!("cannot reach the node at {url}"))?;
+        let response = request
+            .send()
+            .await
+            .with_context(|| format!("cannot reach the node at {url}"))?;
         let status = response.status();
-        let text = response.into_body().read_to_string()?;
+        let text = response.text().await?;
         let pretty = serde_json::from_str::<serde_json::Value>(&text)
             .map(|v| serde_json::to_string_pretty(&v).unwrap_or(text.clone()))
             .unwrap_or(text);
@@ -198,15 +200,15 @@ pub async fn policy(command: PolicyCommand) -> anyhow::Result<()> {
         PolicyCommand::Swap { file, node } => {
             let bytes =
                 std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
-            tokio::task::spawn_blocking(move || node.send("PUT", "/admin/policy", Some(bytes)))
-                .await?
+            node.send(reqwest::Method::PUT, "/admin/policy", Some(bytes))
+                .await
         }
         PolicyCommand::Rollback { node } => {
-            tokio::task::spawn_blocking(move || node.send("POST", "/admin/policy/rollback", None))
-                .await?
+            node.send(reqwest::Method::POST, "/admin/policy/rollback", None)
+                .await
         }
         PolicyCommand::Show { node } => {
-            tokio::task::spawn_blocking(move || node.send("GET", "/admin/policy", None)).await?
+            node.send(reqwest::Method::GET, "/admin/policy", None).await
         }
     }
 }

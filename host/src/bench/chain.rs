@@ -151,7 +151,7 @@ pub async fn run(node: &Arc<Node>, model: &str, options: &ChainOptions) -> anyho
         server_ttft: Duration::from_millis(options.cloud_ttft_ms),
         tokens_per_s: options.cloud_tokens_per_s,
     };
-    let base_url = upstream::start(timing).await?;
+    let base_url = upstream::start(timing).await?.base_url;
     let sim = UpstreamConfig {
         name: "sim".into(),
         base_url,

@@ -11,6 +11,7 @@ mod chain;
 mod detection;
 mod embedding;
 mod observability;
+mod proxy;
 mod upstream;
 
 use crate::bindings::target::{ChatRequest, Message};
@@ -44,6 +45,13 @@ pub struct Options {
     /// Run only the batching benchmark (concurrent local requests).
     #[arg(long)]
     pub batching_only: bool,
+    /// Only what the node adds to a cloud call (latency, time to first
+    /// byte, connections to the upstream), against a loopback upstream.
+    #[arg(long)]
+    pub proxy_only: bool,
+    /// Requests each way in the proxy benchmark.
+    #[arg(long, default_value_t = 1000)]
+    pub proxy_requests: u32,
     /// Inference threads, in place of the config's `[local] threads`.
     #[arg(long)]
     pub threads: Option<u32>,
@@ -223,6 +231,10 @@ pub async fn run(mut config: Config, options: Options) -> anyhow::Result<()> {
         config.local.max_concurrent = width;
     }
     let threads = config.local.threads;
+    if options.proxy_only {
+        // Its own node, whose upstream is the benchmark's.
+        return proxy::run(config, options.proxy_requests).await;
+    }
     let node = Node::start(config).await?;
     let name = match &options.model {
         Some(name) => name.clone(),

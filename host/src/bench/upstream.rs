@@ -8,9 +8,12 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use axum::serve::ListenerExt;
 use serde_json::{Value, json};
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -23,17 +26,36 @@ pub struct Timing {
     pub tokens_per_s: f64,
 }
 
-/// Serve on a free loopback port; returns the base URL (`…/v1`).
-pub async fn start(timing: Timing) -> anyhow::Result<String> {
+/// A simulated upstream while it runs.
+pub struct Simulated {
+    /// `http://127.0.0.1:PORT/v1`
+    pub base_url: String,
+    /// TCP connections accepted so far.
+    pub connections: Arc<AtomicUsize>,
+}
+
+/// Serve on a free loopback port.
+pub async fn start(timing: Timing) -> anyhow::Result<Simulated> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr: SocketAddr = listener.local_addr()?;
+    let connections = Arc::new(AtomicUsize::new(0));
+    let counted = connections.clone();
+    let listener = listener.tap_io(move |tcp| {
+        counted.fetch_add(1, Ordering::Relaxed);
+        // As a real server's would: the first SSE chunk must not wait
+        // for Nagle and the client's delayed ACK.
+        let _ = tcp.set_nodelay(true);
+    });
     let app = Router::new()
         .route("/v1/chat/completions", post(chat))
         .with_state(timing);
     tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
-    Ok(format!("http://{addr}/v1"))
+    Ok(Simulated {
+        base_url: format!("http://{addr}/v1"),
+        connections,
+    })
 }
 
 async fn chat(State(timing): State<Timing>, body: Bytes) -> Response {
@@ -43,9 +65,9 @@ async fn chat(State(timing): State<Timing>, body: Bytes) -> Response {
     let per_token = Duration::from_secs_f64(1.0 / timing.tokens_per_s.max(1e-3));
     // The first byte reaches the client after a whole round trip (the
     // request's half and the answer's half) plus the server's first token.
-    tokio::time::sleep(timing.round_trip + timing.server_ttft).await;
+    pause(timing.round_trip + timing.server_ttft).await;
     if !stream {
-        tokio::time::sleep(per_token * tokens.saturating_sub(1) as u32).await;
+        pause(per_token * tokens.saturating_sub(1) as u32).await;
         let text = vec!["word"; tokens].join(" ");
         return axum::Json(json!({
             "id": "sim", "object": "chat.completion", "created": 0, "model": "sim",
@@ -59,6 +81,14 @@ async fn chat(State(timing): State<Timing>, body: Bytes) -> Response {
         .header("content-type", "text/event-stream")
         .body(Body::from_stream(chunks))
         .unwrap_or_else(|_| Response::default())
+}
+
+/// Sleep, unless there is nothing to wait for: a zero sleep still waits
+/// for the timer's next millisecond tick.
+async fn pause(duration: Duration) {
+    if !duration.is_zero() {
+        tokio::time::sleep(duration).await;
+    }
 }
 
 /// One SSE chunk per token at the decode speed, then usage and `[DONE]`.
@@ -75,7 +105,7 @@ fn sse(tokens: usize, per_token: Duration) -> ReceiverStream<Result<String, Infa
         };
         for i in 0..tokens {
             if i > 0 {
-                tokio::time::sleep(per_token).await;
+                pause(per_token).await;
             }
             let piece = if i == 0 { "word" } else { " word" };
             if tx

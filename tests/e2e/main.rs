@@ -37,6 +37,7 @@ mod policy_languages;
 mod policy_swap;
 mod prefix;
 mod signals;
+mod soak;
 mod spin;
 mod tenants;
 mod tools;

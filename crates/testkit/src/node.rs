@@ -541,6 +541,11 @@ impl Node {
     }
 
     /// The node's `host:port`, for raw sockets.
+    /// The node process's id (for /proc, signals).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }

@@ -3,11 +3,16 @@
 //! as a second `observe` with the score. Bounded: the oldest are forgotten,
 //! and feedback for them is answered like feedback for an unknown id. Only
 //! the tenant that made a request may score it (ids are guessable).
+//!
+//! A version is held weakly: 10,000 remembered requests must not keep
+//! 10,000 swapped-out versions (each a compiled component) alive. Feedback
+//! for a version that is gone goes to the live one, which carries the
+//! learned state across swaps (`snapshot`/`restore`).
 
 use crate::policy::PolicyVersion;
 use edgeroute_core::Outcome;
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 /// How many finished requests can still take feedback.
 pub const REMEMBERED: usize = 10_000;
@@ -20,7 +25,7 @@ pub struct Recent {
 #[derive(Default)]
 struct Inner {
     /// The version that routed each request, its outcome, and its tenant.
-    by_id: HashMap<String, (Arc<PolicyVersion>, Outcome, String)>,
+    by_id: HashMap<String, (Weak<PolicyVersion>, Outcome, String)>,
     order: VecDeque<String>,
 }
 
@@ -28,7 +33,7 @@ impl Recent {
     pub fn remember(&self, version: &Arc<PolicyVersion>, outcome: &Outcome, tenant: &str) {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let id = outcome.request_id.clone();
-        let entry = (version.clone(), outcome.clone(), tenant.to_string());
+        let entry = (Arc::downgrade(version), outcome.clone(), tenant.to_string());
         if inner.by_id.insert(id.clone(), entry).is_none() {
             inner.order.push_back(id);
         }
@@ -40,20 +45,21 @@ impl Recent {
     }
 
     /// The request's outcome with `score` as its feedback, and the version
-    /// that routed it; None for an id this node does not remember, or one
-    /// another tenant's request (the same answer: no id is confirmed).
+    /// that routed it if it is still loaded; None for an id this node does
+    /// not remember, or one another tenant's request (the same answer: no
+    /// id is confirmed).
     pub fn with_feedback(
         &self,
         id: &str,
         score: f32,
         tenant: &str,
-    ) -> Option<(Arc<PolicyVersion>, Outcome)> {
+    ) -> Option<(Option<Arc<PolicyVersion>>, Outcome)> {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let (version, outcome, owner) = inner.by_id.get_mut(id)?;
         if owner != tenant {
             return None;
         }
         outcome.feedback = Some(score);
-        Some((version.clone(), outcome.clone()))
+        Some((version.upgrade(), outcome.clone()))
     }
 }

@@ -145,7 +145,11 @@ fn mixed_traffic_with_swaps_faults_and_disconnects_leaks_nothing_and_stays_flat(
             s.spawn(move || {
                 while Instant::now() < deadline {
                     let n = serial.fetch_add(1, Ordering::Relaxed);
-                    let fault = if n % 4 == 0 { FAKE_RATE_LIMIT } else { "" };
+                    let fault = if n.is_multiple_of(4) {
+                        FAKE_RATE_LIMIT
+                    } else {
+                        ""
+                    };
                     let text = format!(
                         "Public {n} {fault}. Summarise: {}",
                         "the ferry timetable changed twice this winter. ".repeat(8)
@@ -164,7 +168,7 @@ fn mixed_traffic_with_swaps_faults_and_disconnects_leaks_nothing_and_stays_flat(
                     n += 1;
                     let body = chat(
                         "Write a very long story.",
-                        json!({"stream": n % 2 == 0, "max_tokens": 400, "temperature": 2.0, "seed": n}),
+                        json!({"stream": n.is_multiple_of(2), "max_tokens": 400, "temperature": 2.0, "seed": n}),
                     );
                     leave_after(node, &body, Duration::from_millis(300));
                 }

@@ -66,6 +66,9 @@ pub async fn post(
         )
         .param("id"));
     };
+    // The version that routed it, or the live one if it was swapped out
+    // since (it carries the learned state).
+    let version = version.unwrap_or_else(|| node.policy.current());
     if let Some(log) = &node.decisions {
         log.write(&crate::decisions::Line::Feedback {
             id: feedback.id.clone(),

@@ -5,7 +5,6 @@
 
 use edgeroute_testkit::{FakeCloud, LOCAL_MODEL, Node};
 use serde_json::{Value, json};
-use std::io::Write;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -51,7 +50,7 @@ fn batched_node(cloud: &FakeCloud, width: u64, kv_budget: u64) -> Node {
 fn start_long(node: &Node, stream: bool) -> TcpStream {
     // At temperature 2 the small model rarely samples its end token: with
     // this seed it runs to max_tokens.
-    let body = serde_json::to_vec(&json!({
+    node.open_chat(&json!({
         "model": LOCAL_MODEL,
         "messages": [{"role": "user", "content": "Write a very long story."}],
         "max_tokens": 1500,
@@ -59,16 +58,6 @@ fn start_long(node: &Node, stream: bool) -> TcpStream {
         "seed": 1,
         "stream": stream,
     }))
-    .unwrap();
-    let mut client = TcpStream::connect(node.addr()).unwrap();
-    write!(
-        client,
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: node\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-        body.len()
-    )
-    .unwrap();
-    client.write_all(&body).unwrap();
-    client
 }
 
 /// Poll the batch until `check` holds.
@@ -171,6 +160,8 @@ fn a_request_that_does_not_fit_the_kv_budget_waits_for_the_running_one() {
     // plus its completion budget, over 1,000 tokens) leaves no room for a
     // second.
     let node = batched_node(&cloud, 2, 2048);
+    // One finished generation, so the node knows how long one takes.
+    assert_eq!(node.post_chat(greedy("Chile"), &[]).status, 200);
     let first = start_long(&node, true);
     wait_for(&node, "the first generation starting", |b| {
         b["running"] == 1
@@ -182,6 +173,10 @@ fn a_request_that_does_not_fit_the_kv_budget_waits_for_the_running_one() {
         load["kv_used_tokens"].as_u64() <= load["kv_budget_tokens"].as_u64(),
         "{load}"
     );
+    // A batch slot is free, but the wait the policy sees is not zero: a
+    // request that may leave can go to the cloud instead of queueing.
+    let health = node.get("/healthz").json();
+    assert!(health["local_wait_ms"].as_u64() > Some(0), "{health}");
     // The first leaves: the second gets its cells and runs.
     drop(first);
     wait_for(&node, "the second request running", |b| {

@@ -1034,7 +1034,6 @@ fn slow_clients_cannot_hold_the_node_and_shutdown_has_a_deadline() {
 
 #[test]
 fn a_non_streaming_client_that_leaves_frees_the_local_model() {
-    use std::io::Write;
     use std::time::{Duration, Instant};
     let cloud = FakeCloud::start();
     let node = EDGEROUTE.start(&cloud);
@@ -1046,22 +1045,13 @@ fn a_non_streaming_client_that_leaves_frees_the_local_model() {
     // At temperature 2 the small model rarely samples its end token: with
     // this seed it runs to max_tokens, 1024 tokens, about 17 s of decoding
     // on one core here.
-    let body = serde_json::to_vec(&json!({
+    let client = node.open_chat(&json!({
         "model": LOCAL_MODEL,
         "messages": [{"role": "user", "content": "Write a very long story."}],
         "max_tokens": 1024,
         "temperature": 2.0,
         "seed": 1,
-    }))
-    .unwrap();
-    let mut client = std::net::TcpStream::connect(node.addr()).unwrap();
-    write!(
-        client,
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: node\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-        body.len()
-    )
-    .unwrap();
-    client.write_all(&body).unwrap();
+    }));
     let deadline = Instant::now() + Duration::from_secs(30);
     while running() == 0 {
         assert!(

@@ -15,8 +15,7 @@
 use edgeroute_testkit::{FAKE_RATE_LIMIT, FakeCloud, Node};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::io::Read;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -57,16 +56,7 @@ fn chat(text: &str, extra: Value) -> Value {
 
 /// A request on a raw connection that the client leaves after `after`.
 fn leave_after(node: &Node, body: &Value, after: Duration) {
-    let body = serde_json::to_vec(body).unwrap();
-    let Ok(mut tcp) = TcpStream::connect(node.addr()) else {
-        return;
-    };
-    let _ = write!(
-        tcp,
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: node\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-        body.len()
-    );
-    let _ = tcp.write_all(&body);
+    let mut tcp = node.open_chat(body);
     let _ = tcp.set_read_timeout(Some(after));
     let mut buf = [0u8; 512];
     let _ = tcp.read(&mut buf);

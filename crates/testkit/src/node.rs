@@ -541,6 +541,23 @@ impl Node {
     }
 
     /// The node's `host:port`, for raw sockets.
+    /// Send a chat request on a raw connection and leave it open: the
+    /// caller reads what it wants and drops the stream to leave, as a
+    /// client that goes away does.
+    pub fn open_chat(&self, body: &Value) -> std::net::TcpStream {
+        use std::io::Write;
+        let body = serde_json::to_vec(body).expect("a JSON body");
+        let mut tcp = std::net::TcpStream::connect(self.addr).expect("the node accepts");
+        write!(
+            tcp,
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: node\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        )
+        .and_then(|()| tcp.write_all(&body))
+        .expect("the node reads the request");
+        tcp
+    }
+
     /// The node process's id (for /proc, signals).
     pub fn pid(&self) -> u32 {
         self.child.id()

@@ -9,7 +9,6 @@
 use crate::bindings::target::{ChatRequest, Message};
 use crate::nn::{LoadedModel, Sampling};
 use crate::node::Node;
-use crate::targets::Job;
 use anyhow::Context;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -46,7 +45,6 @@ async fn through_node(
     topic: &str,
     max_tokens: u32,
 ) -> anyhow::Result<Done> {
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let request = ChatRequest {
         model: model.to_string(),
         messages: messages(topic)
@@ -60,33 +58,11 @@ async fn through_node(
         stream: true,
         passthrough: None,
     };
-    let t0 = Instant::now();
-    // No cache scope: every request prefills, so concurrency is measured,
-    // not prefix reuse.
-    let generation = node.local.generate(Job {
-        request,
-        stream: Some(tx),
-        meter: Default::default(),
-        cache: None,
-        prompt: None,
-        decoding: Default::default(),
-        waiting: None,
-    });
-    let collect = async {
-        let mut first = None;
-        let mut text = String::new();
-        while let Some(delta) = rx.recv().await {
-            first.get_or_insert_with(Instant::now);
-            text.push_str(delta.text());
-        }
-        (first, text)
-    };
-    let (completion, (first, text)) = tokio::join!(generation, collect);
-    let completion = completion.map_err(|e| anyhow::anyhow!("local generation failed: {e}"))?;
+    let streamed = super::stream_local(node, request).await?;
     Ok(Done {
-        ttft: first.context("nothing streamed")? - t0,
-        tokens: completion.usage.completion_tokens,
-        text,
+        ttft: streamed.first.context("nothing streamed")? - streamed.started,
+        tokens: streamed.completion.usage.completion_tokens,
+        text: streamed.text,
     })
 }
 

@@ -119,25 +119,20 @@ fn direct(
     })
 }
 
-async fn through_wasi_nn(node: &Node, model: &str, sampling: Sampling) -> anyhow::Result<Sample> {
+/// One streamed generation through the node's local path (local worker,
+/// wasi-nn, the batch scheduler), without prefix reuse so every run
+/// prefills.
+pub(super) struct Streamed {
+    pub started: Instant,
+    /// When the first text arrived.
+    pub first: Option<Instant>,
+    pub text: String,
+    pub completion: crate::bindings::target::Completion,
+}
+
+pub(super) async fn stream_local(node: &Node, request: ChatRequest) -> anyhow::Result<Streamed> {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let request = ChatRequest {
-        model: model.to_string(),
-        messages: MESSAGES
-            .iter()
-            .map(|(role, content)| Message {
-                role: role.to_string(),
-                content: content.to_string(),
-            })
-            .collect(),
-        max_tokens: sampling.max_tokens,
-        temperature: sampling.temperature,
-        top_p: sampling.top_p,
-        seed: sampling.seed,
-        stream: true,
-        passthrough: None,
-    };
-    let t0 = Instant::now();
+    let started = Instant::now();
     let generation = node.local.generate(Job {
         request,
         stream: Some(tx),
@@ -158,6 +153,37 @@ async fn through_wasi_nn(node: &Node, model: &str, sampling: Sampling) -> anyhow
     };
     let (completion, (first, text)) = tokio::join!(generation, collect);
     let completion = completion.map_err(|e| anyhow::anyhow!("local worker failed: {e}"))?;
+    Ok(Streamed {
+        started,
+        first,
+        text,
+        completion,
+    })
+}
+
+async fn through_wasi_nn(node: &Node, model: &str, sampling: Sampling) -> anyhow::Result<Sample> {
+    let request = ChatRequest {
+        model: model.to_string(),
+        messages: MESSAGES
+            .iter()
+            .map(|(role, content)| Message {
+                role: role.to_string(),
+                content: content.to_string(),
+            })
+            .collect(),
+        max_tokens: sampling.max_tokens,
+        temperature: sampling.temperature,
+        top_p: sampling.top_p,
+        seed: sampling.seed,
+        stream: true,
+        passthrough: None,
+    };
+    let Streamed {
+        started: t0,
+        first,
+        text,
+        completion,
+    } = stream_local(node, request).await?;
     let t_first = first.context("the local worker streamed nothing")?;
     let tokens = completion.usage.completion_tokens;
     Ok(Sample {

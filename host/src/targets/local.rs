@@ -100,12 +100,15 @@ impl LocalTarget {
     }
 
     /// How long a request arriving now would wait for a generation slot:
-    /// none while a slot is free, else one mean generation per round of
-    /// `max_concurrent` requests ahead of it (pessimistic: the running ones
-    /// are counted as if they had just started).
+    /// none while a slot is free and no request waits for KV cells, else
+    /// one mean generation per round of `max_concurrent` requests ahead of
+    /// it (pessimistic: the running ones are counted as if they had just
+    /// started). A policy that sees it can send a request that may leave
+    /// to the cloud instead of waiting.
     pub fn wait_ms(&self) -> u32 {
         let depth = self.queue_depth();
-        if depth < self.max_concurrent {
+        let kv_waiting: u32 = self.models.values().map(|s| s.load().waiting).sum();
+        if depth < self.max_concurrent && kv_waiting == 0 {
             return 0;
         }
         let service = self
@@ -113,7 +116,7 @@ impl LocalTarget {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get();
-        let rounds = (depth - self.max_concurrent) / self.max_concurrent + 1;
+        let rounds = depth.saturating_sub(self.max_concurrent) / self.max_concurrent + 1;
         (service.unwrap_or(0.0) * rounds as f64).round() as u32
     }
 

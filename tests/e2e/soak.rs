@@ -161,6 +161,9 @@ fn mixed_traffic_with_swaps_faults_and_disconnects_leaks_nothing_and_stays_flat(
                         json!({"stream": n.is_multiple_of(2), "max_tokens": 400, "temperature": 2.0, "seed": n}),
                     );
                     leave_after(node, &body, Duration::from_millis(300));
+                    // Under the always-cloud policy the answer comes at
+                    // once: without a pause this loop floods the cloud.
+                    std::thread::sleep(Duration::from_millis(100));
                 }
             });
         }
@@ -233,9 +236,14 @@ fn mixed_traffic_with_swaps_faults_and_disconnects_leaks_nothing_and_stays_flat(
     );
     println!("RSS (s, MiB): {rss:?}");
 
-    let leaked: Vec<&String> = markers
+    // Every marker starts with SOAKSECRET: one pass over what the cloud
+    // received finds any of them.
+    assert!(markers.iter().all(|m| m.starts_with("SOAKSECRET")));
+    let received = cloud.requests();
+    let leaked: Vec<&str> = received
         .iter()
-        .filter(|m| !cloud.requests_mentioning(m).is_empty())
+        .filter(|r| r.mentions("SOAKSECRET"))
+        .map(|r| r.body_text.as_str())
         .collect();
     assert!(
         leaked.is_empty(),
@@ -258,16 +266,19 @@ fn mixed_traffic_with_swaps_faults_and_disconnects_leaks_nothing_and_stays_flat(
     );
     // The public traffic did reach the cloud (so the guard, not a dead
     // upstream, kept the markers home).
-    assert!(
-        cloud.requests_mentioning("Public").len() > 2,
-        "{}",
-        cloud.describe()
+    let public = received.iter().filter(|r| r.mentions("Public")).count();
+    assert!(public > 2, "{public} public requests reached the cloud");
+    println!(
+        "the cloud received {} requests, none restricted",
+        received.len()
     );
-    // Flat: after the first quarter (models loaded, caches warm), RSS
-    // grows by less than 64 MiB.
+    // Flat: after the warm-up (models loaded, both policies compiled,
+    // caches filled; half of a short run, the first 5 minutes of a long
+    // one), RSS grows by less than 64 MiB.
+    let warm_up = (run_for.as_secs_f64() / 2.0).min(300.0);
     let warm = rss
         .iter()
-        .find(|(t, _)| *t >= run_for.as_secs_f64() / 4.0)
+        .find(|(t, _)| *t >= warm_up)
         .map(|&(_, mib)| mib)
         .expect("an RSS sample after the warm-up");
     let peak = rss.iter().map(|&(_, mib)| mib).fold(0.0, f64::max);

@@ -94,12 +94,6 @@ fn rss_mib() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
-fn percentile(mut ms: Vec<f64>, p: f64) -> f64 {
-    ms.sort_by(f64::total_cmp);
-    let i = ((ms.len() as f64 - 1.0) * p).round() as usize;
-    ms[i.min(ms.len() - 1)]
-}
-
 /// Prompt tokens per second of a direct prefill: a long prompt's start
 /// minus a one-message start (context creation and the first sample).
 fn prefill_rate(model: &Arc<LoadedModel>) -> anyhow::Result<f64> {
@@ -215,7 +209,7 @@ pub async fn run(
             .iter()
             .zip(&one_at_a_time)
             .all(|(a, b)| a.text == b.text);
-        let ttfts: Vec<f64> = results.iter().map(|d| d.ttft.as_secs_f64() * 1e3).collect();
+        let ttft = super::Spread::of(results.iter().map(|d| d.ttft).collect());
         println!(
             "  {:<11} {:>12.1} {:>9.2}x {:>9.2}x {:>9.0}% {:>5.0}/{:<6.0} {:>9}",
             concurrency,
@@ -223,8 +217,8 @@ pub async fn run(
             rate / single,
             rate / baseline_rate,
             rate / prefill * 100.0,
-            percentile(ttfts.clone(), 0.5),
-            percentile(ttfts, 0.99),
+            ttft.p50 / 1e3,
+            ttft.p99 / 1e3,
             same
         );
     }

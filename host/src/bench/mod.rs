@@ -228,13 +228,13 @@ async fn policy_route(
 }
 
 /// p50 and p99 of a set of timings, in microseconds.
-struct Spread {
-    p50: f64,
-    p99: f64,
+pub(super) struct Spread {
+    pub p50: f64,
+    pub p99: f64,
 }
 
 impl Spread {
-    fn of(mut timings: Vec<Duration>) -> Self {
+    pub(super) fn of(mut timings: Vec<Duration>) -> Self {
         timings.sort();
         let at = |p: f64| {
             timings[((timings.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1e6

@@ -53,11 +53,6 @@ async fn call(
     Ok((first.unwrap_or(total), total))
 }
 
-fn percentile(mut us: Vec<f64>, p: f64) -> f64 {
-    us.sort_by(f64::total_cmp);
-    us[(((us.len() - 1) as f64) * p).round() as usize]
-}
-
 pub async fn run(mut config: Config, requests: u32) -> anyhow::Result<()> {
     if requests == 0 {
         bail!("--proxy-requests must be at least 1");
@@ -108,9 +103,7 @@ pub async fn run(mut config: Config, requests: u32) -> anyhow::Result<()> {
         let opened_before = behind.connections.load(Ordering::Relaxed);
         let (mut d, mut n) = (Vec::new(), Vec::new());
         for _ in 0..requests {
-            let pick = |(first, total): (Duration, Duration)| {
-                (if stream { first } else { total }).as_secs_f64() * 1e6
-            };
+            let pick = |(first, total): (Duration, Duration)| if stream { first } else { total };
             d.push(pick(call(&client, &direct_url, stream).await?));
             n.push(pick(call(&client, &node_url, stream).await?));
         }
@@ -121,12 +114,8 @@ pub async fn run(mut config: Config, requests: u32) -> anyhow::Result<()> {
         } else {
             "non-streaming, whole answer"
         };
-        let (d50, d99, n50, n99) = (
-            percentile(d.clone(), 0.5),
-            percentile(d, 0.99),
-            percentile(n.clone(), 0.5),
-            percentile(n, 0.99),
-        );
+        let (direct, through) = (super::Spread::of(d), super::Spread::of(n));
+        let (d50, d99, n50, n99) = (direct.p50, direct.p99, through.p50, through.p99);
         println!(
             "  {what}: direct p50 {d50:.0} µs, p99 {d99:.0} µs; through the node p50 {n50:.0} µs, p99 {n99:.0} µs; added p50 {:.0} µs, p99 {:.0} µs",
             n50 - d50,

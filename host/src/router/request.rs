@@ -259,9 +259,10 @@ pub fn parse(body: &[u8], limits: &Limits, id: String, created: u64) -> Result<P
     let stop = stop_sequences(passthrough.get("stop"))?;
     let (grammar, needs_cloud) = match needs_cloud(&passthrough) {
         Some(what) => (None, Some(what)),
-        None => match response_grammar(passthrough.get("response_format"))? {
-            Ok(grammar) => (grammar, None),
-            Err(what) => (None, Some(what)),
+        None => match response_format(passthrough.get("response_format"))? {
+            LocalFormat::Free => (None, None),
+            LocalFormat::Grammar(grammar) => (Some(grammar), None),
+            LocalFormat::UpstreamOnly(what) => (None, Some(what)),
         },
     };
     let request = ChatCompletionRequest::deserialize(value)
@@ -364,21 +365,24 @@ fn stop_sequences(value: Option<&Value>) -> Result<Vec<String>, Invalid> {
     Ok(stops)
 }
 
-/// The grammar the local model follows for `response_format`: a JSON
-/// object for `json_object`, the schema's grammar for `json_schema`
-/// (converted by llama.cpp). `Err` names what the local model cannot
-/// follow (a schema llama.cpp cannot convert), which only an upstream can
-/// serve.
-#[allow(clippy::type_complexity)]
-fn response_grammar(
-    format: Option<&Value>,
-) -> Result<Result<Option<Arc<str>>, &'static str>, Invalid> {
+/// How the local model can follow a request's `response_format`.
+enum LocalFormat {
+    /// Plain text: no constraint.
+    Free,
+    /// A GBNF grammar: a JSON object for `json_object`, the schema's
+    /// grammar (converted by llama.cpp) for `json_schema`.
+    Grammar(Arc<str>),
+    /// A schema llama.cpp cannot convert: only an upstream can serve it.
+    UpstreamOnly(&'static str),
+}
+
+fn response_format(format: Option<&Value>) -> Result<LocalFormat, Invalid> {
     let invalid = |why: &str| Invalid::request(why.to_string()).param("response_format");
     let Some(format) = format.filter(|f| !f.is_null()) else {
-        return Ok(Ok(None));
+        return Ok(LocalFormat::Free);
     };
     let schema = match format.get("type").and_then(Value::as_str) {
-        Some("text") => return Ok(Ok(None)),
+        Some("text") => return Ok(LocalFormat::Free),
         Some("json_object") => serde_json::json!({"type": "object"}),
         Some("json_schema") => format
             .get("json_schema")
@@ -393,10 +397,10 @@ fn response_grammar(
     };
     Ok(
         match llama_cpp_2::json_schema_to_grammar(&schema.to_string()) {
-            Ok(grammar) => Ok(Some(Arc::from(grammar))),
+            Ok(grammar) => LocalFormat::Grammar(Arc::from(grammar)),
             Err(e) => {
                 tracing::info!("a response_format schema has no local grammar: {e}");
-                Err("a response_format schema the local model cannot follow")
+                LocalFormat::UpstreamOnly("a response_format schema the local model cannot follow")
             }
         },
     )

@@ -22,7 +22,8 @@ pub mod policy_v2 {
         exports: { default: async },
     });
     pub use self::edgeroute::routing::types::{
-        Cascade, Decision, Estimate, Features, Needs, Outcome, Plan, Sensitivity, Target, TextStats,
+        Cascade, Decision, Estimate, Features, Needs, Outcome, Peer, Plan, Sensitivity, Target,
+        TextStats,
     };
 }
 

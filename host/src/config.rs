@@ -28,6 +28,87 @@ pub struct Config {
     pub tenants: BTreeMap<String, TenantConfig>,
     pub ledger: LedgerConfig,
     pub spin: SpinConfig,
+    /// Other edgeroute nodes this one may forward to (`host/src/fleet`);
+    /// absent: a single node.
+    pub fleet: Option<FleetConfig>,
+}
+
+/// This node's place in a fleet.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetConfig {
+    /// This node's name, unique in the fleet (`peer:NAME` elsewhere).
+    pub node: String,
+    /// Its trust zone (a rack, a site): `[guard] zone_levels` may let
+    /// restricted data reach peers of the same zone, never another.
+    #[serde(default = "FleetConfig::default_zone")]
+    pub zone: String,
+    /// The URL peers reach this node at (published with its load);
+    /// empty: `http://` and the address `edgeroute up` listens on.
+    #[serde(default)]
+    pub url: String,
+    /// Environment variable holding the fleet token every node shares;
+    /// a forwarded request without it is refused. Required.
+    #[serde(default = "FleetConfig::default_token_env")]
+    pub token_env: String,
+    /// A Redis server where nodes publish their load
+    /// (`redis://host:6379`); without it, `peers` are asked over HTTP.
+    #[serde(default)]
+    pub redis: Option<String>,
+    /// Peers known from the config (used when there is no Redis).
+    #[serde(default)]
+    pub peers: Vec<PeerConfig>,
+    /// How often this node publishes its load and reads the others'.
+    #[serde(default = "FleetConfig::default_report_ms")]
+    pub report_ms: u64,
+    /// A peer whose last report is older than this is not a candidate.
+    #[serde(default = "FleetConfig::default_stale_ms")]
+    pub stale_ms: u64,
+    /// A session goes back to the node holding its prefix unless that
+    /// node's estimated wait is above this.
+    #[serde(default = "FleetConfig::default_session_bound_ms")]
+    pub session_bound_ms: u32,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerConfig {
+    pub name: String,
+    pub url: String,
+}
+
+impl FleetConfig {
+    fn default_zone() -> String {
+        "default".into()
+    }
+    fn default_token_env() -> String {
+        "EDGEROUTE_FLEET_TOKEN".into()
+    }
+    fn default_report_ms() -> u64 {
+        250
+    }
+    fn default_stale_ms() -> u64 {
+        1500
+    }
+    fn default_session_bound_ms() -> u32 {
+        2000
+    }
+
+    /// The shared token; a fleet without one is a config error (forwarded
+    /// requests skip the client key check, so they must prove they come
+    /// from a node).
+    pub fn token(&self) -> anyhow::Result<String> {
+        std::env::var(&self.token_env)
+            .ok()
+            .map(|t| t.trim().to_string())
+            .filter(|t| t.len() >= 16)
+            .with_context(|| {
+                format!(
+                    "[fleet] needs a shared token of at least 16 characters in ${}",
+                    self.token_env
+                )
+            })
+    }
 }
 
 /// One client tenant.
@@ -331,6 +412,10 @@ pub struct GuardConfig {
     /// word (salary, diagnosis, lawsuit, merger, …) 0.5; at this score or
     /// more the request is restricted.
     pub prose_threshold: f32,
+    /// Levels that may not leave the node for the cloud but may go to a
+    /// peer of the same trust zone (`[fleet] zone`). Empty by default:
+    /// restricted data stays on its node.
+    pub zone_levels: Vec<Sensitivity>,
 }
 
 impl Default for GuardConfig {
@@ -341,6 +426,7 @@ impl Default for GuardConfig {
             patterns: Vec::new(),
             allow: Vec::new(),
             prose_threshold: 1.0,
+            zone_levels: Vec::new(),
         }
     }
 }
@@ -483,6 +569,14 @@ impl Config {
             }
             if name == crate::tenants::OPEN {
                 bail!("tenants.{name}: the name '{name}' is kept for clients of an open node");
+            }
+        }
+        if let Some(fleet) = &self.fleet {
+            if fleet.node.is_empty() || fleet.peers.iter().any(|p| p.name == fleet.node) {
+                bail!("fleet.node must be a name of its own, not empty and not one of fleet.peers");
+            }
+            if fleet.stale_ms <= fleet.report_ms {
+                bail!("fleet.stale_ms must be longer than fleet.report_ms");
             }
         }
         let mut names: Vec<&str> = self.local.models.iter().map(|m| m.name.as_str()).collect();

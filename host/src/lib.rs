@@ -19,6 +19,7 @@ pub mod decisions;
 pub mod detect;
 pub mod egress;
 pub mod feedback;
+pub mod fleet;
 pub mod ledger;
 pub mod metrics;
 pub mod nn;

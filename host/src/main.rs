@@ -142,12 +142,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             listen,
             insecure_open,
         } => {
-            let config = load_config(&node)?;
+            let mut config = load_config(&node)?;
             // Before the models load, so a refusal comes in a moment.
             let listener = tokio::net::TcpListener::bind(&listen)
                 .await
                 .with_context(|| format!("cannot listen on {listen}"))?;
             let addr = listener.local_addr()?;
+            if let Some(fleet) = config.fleet.as_mut()
+                && fleet.url.is_empty()
+            {
+                fleet.url = format!("http://{addr}");
+            }
             let open = !edgeroute::tenants::Clients::from_config(&config)?.required();
             if !addr.ip().is_loopback() && open && !insecure_open {
                 anyhow::bail!(
@@ -185,6 +190,20 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     .map_or_else(|| "off".to_string(), |log| log.path().display().to_string()),
             );
             edgeroute::reload::spawn(&node);
+            if let Some(fleet) = &node.fleet {
+                eprintln!(
+                    "fleet: node '{}' in zone '{}' at {}; load store: {}",
+                    fleet.name(),
+                    fleet.config.zone,
+                    fleet.config.url,
+                    fleet
+                        .config
+                        .redis
+                        .as_deref()
+                        .unwrap_or("none (asking the configured peers)"),
+                );
+                edgeroute::fleet::sync::spawn(std::sync::Arc::downgrade(&node));
+            }
             let limits = &node.config.limits;
             let serve_limits = edgeroute::serve::ServeLimits {
                 max_connections: limits.max_connections,

@@ -43,6 +43,8 @@ pub struct Node {
     pub admin_token: Option<String>,
     /// API keys and their tenants.
     pub clients: crate::tenants::Clients,
+    /// This node's fleet (`[fleet]`); None on a single node.
+    pub fleet: Option<Arc<crate::fleet::Fleet>>,
 }
 
 /// What to tell a user whose model file is missing.
@@ -137,6 +139,15 @@ impl Node {
             Duration::from_millis(config.limits.cloud_timeout_ms),
             AuditLog::from_config(&config.audit, &config.state_dir_or_default())?,
         )?;
+        let fleet = match &config.fleet {
+            Some(fleet) => Some(Arc::new(crate::fleet::Fleet::new(
+                fleet.clone(),
+                config.guard.zone_levels.clone(),
+                cloud.audit.clone(),
+                Duration::from_millis(config.limits.cloud_timeout_ms),
+            )?)),
+            None => None,
+        };
         let policy =
             PolicyHost::new(&engine, &config.policy, config.node.state_dir.clone()).await?;
         let reference = config.reference_prices();
@@ -157,17 +168,18 @@ impl Node {
             started: Instant::now(),
             admin_token: config.admin.token(),
             clients,
+            fleet,
             config,
         }))
     }
 
     /// The backend that serves a kind of target; None for a kind this
-    /// node has none of (peers, until the fleet).
+    /// node has none of (peers, on a node outside a fleet).
     pub fn backend(&self, kind: TargetKind) -> Option<&dyn Backend> {
         match kind {
             TargetKind::Local => Some(&self.local),
             TargetKind::Cloud => Some(&self.cloud),
-            TargetKind::Peer => None,
+            TargetKind::Peer => self.fleet.as_deref().map(|f| f as &dyn Backend),
         }
     }
 

@@ -144,6 +144,13 @@ impl Clients {
         })
     }
 
+    /// The tenant of a request another node of the fleet forwarded: its
+    /// own node checked the client's key and rate; the sensitivity it
+    /// found travels with the request.
+    pub fn open_tenant(&self) -> Arc<Tenant> {
+        self.open.clone()
+    }
+
     /// Whether clients must present a key.
     pub fn required(&self) -> bool {
         !self.keys.is_empty()

@@ -32,6 +32,7 @@ mod chat;
 mod dataset;
 mod decoding;
 mod embeddings;
+mod fleet;
 mod observability;
 mod policy_languages;
 mod policy_swap;

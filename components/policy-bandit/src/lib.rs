@@ -430,6 +430,8 @@ mod tests {
             cloud_estimates: vec![],
             local_models: vec!["smollm2".into()],
             cloud_upstreams: vec!["frontier".into()],
+            peers: Vec::new(),
+            peer_pick: None,
             embedding: None,
         }
     }

@@ -211,16 +211,29 @@ fn decide(config: &Config, features: &Features) -> Decision {
         );
     }
     let wait = features.local_wait_ms;
+    // A busy node spills to a peer of the fleet before the cloud: the
+    // host's pick already fits the budget and is the less loaded of two.
+    let spill = |why: String| match &features.peer_pick {
+        Some(peer) => {
+            let there = features
+                .peers
+                .iter()
+                .find(|p| &p.name == peer)
+                .map_or(0, |p| p.wait_ms);
+            decision(
+                Target::Peer(peer.clone()),
+                format!("{why}: peer {peer} (wait ~{there} ms)"),
+            )
+        }
+        None => decision(cloud(), format!("{why}: cloud")),
+    };
     match features.latency_budget_ms {
         Some(budget) if wait > budget => {
-            return decision(
-                cloud(),
-                format!("local wait {wait} ms > budget {budget} ms: cloud"),
-            );
+            return spill(format!("local wait {wait} ms > budget {budget} ms"));
         }
         None if wait > config.spill_wait_ms => {
-            let spill = config.spill_wait_ms;
-            return decision(cloud(), format!("local wait {wait} ms > {spill} ms: cloud"));
+            let spill_ms = config.spill_wait_ms;
+            return spill(format!("local wait {wait} ms > {spill_ms} ms"));
         }
         _ => {}
     }
@@ -286,6 +299,8 @@ mod tests {
             cloud_estimates: Vec::new(),
             local_models: vec!["smollm2".into()],
             cloud_upstreams: vec!["frontier".into()],
+            peers: Vec::new(),
+            peer_pick: None,
             embedding: None,
         }
     }

@@ -41,11 +41,34 @@ pub struct Features {
     pub cloud_estimates: Vec<(String, Estimate)>,
     pub local_models: Vec<String>,
     pub cloud_upstreams: Vec<String>,
+    /// Peers of the fleet this request may be forwarded to now (fresh,
+    /// not full, reachable for its level); empty on a single node and for
+    /// a request that was forwarded here.
+    #[serde(default)]
+    pub peers: Vec<PeerFeature>,
+    /// The peer the host would choose among them (the session's home, or
+    /// the power of two choices among those that fit the latency budget).
+    #[serde(default)]
+    pub peer_pick: Option<String>,
     /// The last user message's sentence embedding (unit length), only when
     /// the policy asked for it (`Needs::embedding`): it costs milliseconds.
     /// Never written to the decision log (it stands for the text).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub embedding: Option<Vec<f32>>,
+}
+
+/// A peer as a policy sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerFeature {
+    pub name: String,
+    /// The host's estimate of a request's wait there: the peer's last
+    /// report plus what this node sent it since.
+    pub wait_ms: u32,
+    /// In this node's trust zone.
+    pub same_zone: bool,
+    /// The agent session's home node (it likely holds the session's prefix).
+    pub session_home: bool,
 }
 
 /// Signals that cost real work per request; the host computes them only

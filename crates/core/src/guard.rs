@@ -56,6 +56,9 @@ pub struct Facts {
     /// The client's tenant may not use targets off the node, whatever the
     /// data's level (`may_leave` is then false too).
     pub tenant_confined: bool,
+    /// The level may go to a peer in this node's trust zone even though
+    /// it may not leave for the cloud (`[guard] zone_levels`).
+    pub may_stay_in_zone: bool,
 }
 
 impl Facts {
@@ -65,7 +68,15 @@ impl Facts {
             sensitivity,
             may_leave,
             tenant_confined: false,
+            may_stay_in_zone: false,
         }
+    }
+
+    /// Whether the request may be forwarded to `peer`: anywhere when it
+    /// may leave, inside the trust zone when its level may stay there,
+    /// never for a confined tenant.
+    pub fn may_go_to(&self, peer: &PeerView) -> bool {
+        !self.tenant_confined && (self.may_leave || (peer.same_zone && self.may_stay_in_zone))
     }
 
     /// Why a request that may not leave stays: its data, or its tenant.
@@ -87,6 +98,21 @@ pub struct NodeView<'a> {
     pub default_local: Option<&'a str>,
     pub upstreams: &'a [String],
     pub on_policy_failure: OnPolicyFailure,
+    /// Peers of the fleet that are candidates now (fresh load reports);
+    /// empty on a single node and for a request that was forwarded here
+    /// (a forwarded request is never forwarded again).
+    pub peers: &'a [PeerView],
+    /// The peer the host chose for this request (`edgeroute_core::fleet`)
+    /// if it must leave this node for the fleet; None when there is none.
+    pub peer_pick: Option<&'a str>,
+}
+
+/// A peer as the guard sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerView {
+    pub name: String,
+    /// In this node's trust zone.
+    pub same_zone: bool,
 }
 
 /// Where a request goes after the guard.
@@ -203,6 +229,19 @@ pub fn escalate(
 fn place_target(target: Target, reason: String, facts: &Facts, node: &NodeView) -> Placement {
     match target {
         Target::Local(model) => stay_local(Some(model), reason, facts, node),
+        // A peer that is a candidate now and that this request may reach;
+        // any other peer is judged like the cloud below (stay, or unknown).
+        Target::Peer(name)
+            if node
+                .peers
+                .iter()
+                .any(|p| p.name == name && facts.may_go_to(p)) =>
+        {
+            Placement::Run {
+                target: Target::Peer(name),
+                reason,
+            }
+        }
         off_node if !facts.may_leave => stay_local(
             None,
             format!("guard: {} (policy wanted {off_node})", facts.why_stays()),
@@ -264,6 +303,18 @@ pub fn after_local_failure(
     facts: &Facts,
     node: &NodeView,
 ) -> Placement {
+    // A busy or missing local model is this node's problem, not the
+    // request's: a peer the request may reach serves it before the cloud.
+    if let (LocalFailure::Busy { .. } | LocalFailure::Unavailable(_), Some(pick)) =
+        (failure, node.peer_pick)
+        && let Some(peer) = node.peers.iter().find(|p| p.name == pick)
+        && facts.may_go_to(peer)
+    {
+        return Placement::Run {
+            target: Target::Peer(peer.name.clone()),
+            reason: format!("{reason}; local failed ({failure}): forwarded to peer"),
+        };
+    }
     if facts.may_leave {
         return match node.upstreams.first() {
             Some(upstream) => Placement::Run {
@@ -367,11 +418,13 @@ mod tests {
         sensitivity: Sensitivity::Public,
         may_leave: true,
         tenant_confined: false,
+        may_stay_in_zone: true,
     };
     const RESTRICTED: Facts = Facts {
         sensitivity: Sensitivity::Restricted,
         may_leave: false,
         tenant_confined: false,
+        may_stay_in_zone: false,
     };
 
     fn names(names: &[&str]) -> Vec<String> {
@@ -384,6 +437,8 @@ mod tests {
             default_local: Some("smollm2"),
             upstreams: ups,
             on_policy_failure: on,
+            peers: &[],
+            peer_pick: None,
         }
     }
 
@@ -644,5 +699,147 @@ mod tests {
         assert!(rules.may_leave(Sensitivity::Public));
         assert!(!rules.may_leave(Sensitivity::Internal));
         assert!(!Rules::default().may_leave(Sensitivity::Restricted));
+    }
+
+    fn fleet() -> Vec<PeerView> {
+        vec![
+            PeerView {
+                name: "edge-2".into(),
+                same_zone: true,
+            },
+            PeerView {
+                name: "far-1".into(),
+                same_zone: false,
+            },
+        ]
+    }
+
+    #[test]
+    fn a_busy_node_forwards_to_the_picked_peer_within_what_the_level_allows() {
+        let (local, ups, peers) = (names(&["smollm2"]), names(&["frontier"]), fleet());
+        let busy = LocalFailure::Busy { queue: 4 };
+        for (pick, facts, forwarded) in [
+            ("edge-2", PUBLIC, true),
+            ("far-1", PUBLIC, true),
+            // Restricted data stays on the node by default…
+            ("edge-2", RESTRICTED, false),
+            // …may stay in the zone when the operator allows it…
+            (
+                "edge-2",
+                Facts {
+                    may_stay_in_zone: true,
+                    ..RESTRICTED
+                },
+                true,
+            ),
+            // …and never crosses into another zone.
+            (
+                "far-1",
+                Facts {
+                    may_stay_in_zone: true,
+                    ..RESTRICTED
+                },
+                false,
+            ),
+            // A confined tenant never reaches a peer.
+            (
+                "edge-2",
+                Facts {
+                    may_leave: false,
+                    tenant_confined: true,
+                    ..PUBLIC
+                },
+                false,
+            ),
+        ] {
+            let node = NodeView {
+                peers: &peers,
+                peer_pick: Some(pick),
+                ..view(&local, &ups, OnPolicyFailure::Local)
+            };
+            let placed = after_local_failure(&busy, "r", &facts, &node);
+            let to_peer =
+                matches!(&placed, Placement::Run { target: Target::Peer(p), .. } if p == pick);
+            assert_eq!(to_peer, forwarded, "{pick} {facts:?}: {placed:?}");
+            if !facts.may_leave {
+                assert!(
+                    !matches!(
+                        &placed,
+                        Placement::Run {
+                            target: Target::Cloud(_),
+                            ..
+                        }
+                    ),
+                    "{placed:?}"
+                );
+            }
+            // The policy naming the peer is judged by the same rule.
+            let named = place(
+                Ok(Decision::run(Target::Peer(pick.into()), "p")),
+                &facts,
+                &node,
+            );
+            let named_peer = matches!(
+                &named,
+                Placement::Run {
+                    target: Target::Peer(_),
+                    ..
+                }
+            );
+            assert_eq!(named_peer, forwarded, "{pick} {facts:?}: {named:?}");
+        }
+    }
+
+    #[test]
+    fn a_peer_that_is_not_a_candidate_is_never_used() {
+        let (local, ups, peers) = (names(&["smollm2"]), names(&["frontier"]), fleet());
+        // A forwarded request sees no peers: it is never forwarded again.
+        let forwarded = NodeView {
+            peers: &[],
+            peer_pick: Some("edge-2"),
+            ..view(&local, &ups, OnPolicyFailure::Local)
+        };
+        let busy = LocalFailure::Busy { queue: 4 };
+        let placed = after_local_failure(&busy, "r", &PUBLIC, &forwarded);
+        assert!(
+            matches!(
+                &placed,
+                Placement::Run {
+                    target: Target::Cloud(_),
+                    ..
+                }
+            ),
+            "{placed:?}"
+        );
+        let node = NodeView {
+            peers: &peers,
+            ..view(&local, &ups, OnPolicyFailure::Local)
+        };
+        let stale = place(
+            Ok(Decision::run(Target::Peer("edge-9".into()), "p")),
+            &PUBLIC,
+            &node,
+        );
+        assert!(
+            matches!(&stale, Placement::Run { target: Target::Local(_), reason } if reason.contains("unknown target")),
+            "{stale:?}"
+        );
+        // Only Busy and Unavailable move a request to a peer: a prompt too
+        // long for the model is too long on a peer with the same model.
+        let long = LocalFailure::TooLong {
+            prompt_tokens: 9000,
+            context: 2048,
+        };
+        let picked = NodeView {
+            peer_pick: Some("edge-2"),
+            ..node
+        };
+        assert!(matches!(
+            after_local_failure(&long, "r", &PUBLIC, &picked),
+            Placement::Run {
+                target: Target::Cloud(_),
+                ..
+            }
+        ));
     }
 }

@@ -13,6 +13,8 @@
 //!   client for bodies no well-behaved client would send.
 //! - [`Browser`] (`browser.rs`): headless Chromium over WebDriver, for the
 //!   dashboard.
+//! - [`Redis`] (`redis.rs`): a real `redis-server` on loopback, the
+//!   fleet's load store.
 //! - [`unique`] (`names.rs`): names and prompt canaries unique to a call.
 //! - [`exclusive`] (`exclusive.rs`): the machine to oneself, for work that
 //!   must not share the cores with another test's node.
@@ -42,6 +44,7 @@ mod exclusive;
 mod http;
 mod names;
 mod node;
+mod redis;
 mod resp;
 
 pub use browser::Browser;
@@ -49,6 +52,7 @@ pub use cloud::{FAKE_RATE_LIMIT, FAKE_TOOL_ARGUMENTS, FAKE_TOOL_CALL_ID, FakeClo
 pub use exclusive::{Exclusive, exclusive};
 pub use names::unique;
 pub use node::{EMBEDDING_NAME, Edgeroute, Node, NodeBuilder};
+pub use redis::Redis;
 pub use resp::{Resp, StreamSummary};
 
 /// The repository root (this crate lives in `<root>/crates/testkit`).

@@ -135,6 +135,7 @@ pub struct NodeBuilder {
     embedding: bool,
     limits: Vec<(String, u64)>,
     local: Vec<(String, u64)>,
+    guard: String,
     extra_toml: String,
 }
 
@@ -158,6 +159,7 @@ impl NodeBuilder {
             embedding: true,
             limits: Vec::new(),
             local: Vec::new(),
+            guard: String::new(),
             extra_toml: String::new(),
         }
     }
@@ -171,6 +173,13 @@ impl NodeBuilder {
     /// An extra `[limits]` entry (`shutdown_grace_ms`, `max_connections`, …).
     pub fn limit(mut self, key: &str, value: u64) -> Self {
         self.limits.push((key.into(), value));
+        self
+    }
+
+    /// An extra `[guard]` line, as TOML (`zone_levels = ["restricted"]`).
+    pub fn guard(mut self, line: &str) -> Self {
+        self.guard.push_str(line);
+        self.guard.push('\n');
         self
     }
 
@@ -277,12 +286,13 @@ local_max_prompt_tokens = "{local_max_prompt_tokens}"
 {policy_params}[guard]
 never_leave = ["restricted"]
 detect_pii = true
-[limits]
+{guard}[limits]
 max_body_bytes = 1048576
 {limits}[audit]
 path = {audit}
 {extra}"#,
             extra = self.extra_toml,
+            guard = self.guard,
             audit = toml_string(&dir.join(AUDIT_LOG).display().to_string()),
             max_queue = self.max_queue,
             model_path = toml_string(&self.model_path.display().to_string()),

@@ -3,6 +3,7 @@
 //! travels to the handler as a request extension.
 
 use super::error::ApiError;
+use crate::fleet::{FORWARDED_BY_HEADER, TOKEN_HEADER};
 use crate::node::Node;
 use crate::tenants::{Tenant, Unauthorized};
 use axum::extract::{Request, State};
@@ -11,8 +12,24 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
 
-/// Let a request in when its key names a tenant under its rate limit.
+/// Let a request in when its key names a tenant under its rate limit, or
+/// when it was forwarded by a node of this fleet (its token checked in
+/// constant time; the origin already checked the client's key).
 pub async fn require(State(node): State<Arc<Node>>, mut request: Request, next: Next) -> Response {
+    if request.headers().contains_key(FORWARDED_BY_HEADER) {
+        let presented = request
+            .headers()
+            .get(TOKEN_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        return match &node.fleet {
+            Some(fleet) if fleet.authorize(presented) => {
+                request.extensions_mut().insert(node.clients.open_tenant());
+                next.run(request).await
+            }
+            _ => bad_fleet_token(),
+        };
+    }
     let authorization = request
         .headers()
         .get(header::AUTHORIZATION)
@@ -26,6 +43,17 @@ pub async fn require(State(node): State<Arc<Node>>, mut request: Request, next: 
     }
     request.extensions_mut().insert(tenant);
     next.run(request).await
+}
+
+/// A request claiming to come from a peer without this fleet's token.
+pub fn bad_fleet_token() -> Response {
+    ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        "invalid_request_error",
+        "invalid_fleet_token",
+        "a forwarded request needs this fleet's token (x-edgeroute-fleet-token)",
+    )
+    .into_response()
 }
 
 fn unauthorized(why: Unauthorized) -> Response {

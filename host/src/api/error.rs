@@ -112,6 +112,9 @@ impl From<Failure> for ApiError {
                     TargetFailure::Internal(_) => {
                         (StatusCode::INTERNAL_SERVER_ERROR, "target_failed")
                     }
+                    TargetFailure::Unreachable(_) => {
+                        (StatusCode::SERVICE_UNAVAILABLE, "target_unreachable")
+                    }
                 };
                 let kind = match status {
                     StatusCode::BAD_REQUEST => "invalid_request_error",

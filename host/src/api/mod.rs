@@ -65,6 +65,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/healthz", get(healthz))
         .route("/ledger", get(ledger))
         .route("/metrics", get(metrics))
+        .route("/fleet/load", get(fleet_load))
         .merge(admin::routes())
         .merge(dashboard::routes())
         .method_not_allowed_fallback(|method: axum::http::Method| async move {
@@ -120,6 +121,21 @@ pub fn set_route_headers(headers: &mut HeaderMap, route: &Route) {
     }
 }
 
+/// This node's load report, for peers without a shared store; behind the
+/// fleet token (it tells how busy the node is).
+async fn fleet_load(State(node): State<Arc<Node>>, headers: HeaderMap) -> Response {
+    let presented = headers
+        .get(crate::fleet::TOKEN_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    match &node.fleet {
+        Some(fleet) if fleet.authorize(presented) => {
+            Json(crate::fleet::sync::own_report(&node, fleet)).into_response()
+        }
+        _ => clients::bad_fleet_token(),
+    }
+}
+
 async fn healthz(State(node): State<Arc<Node>>) -> Json<serde_json::Value> {
     Json(json!({
         "status": "ok",
@@ -155,6 +171,7 @@ async fn healthz(State(node): State<Arc<Node>>) -> Json<serde_json::Value> {
             .collect::<std::collections::BTreeMap<_, _>>(),
         "local_wait_ms": node.local.wait_ms(),
         "cloud_upstreams": node.cloud.upstream_names(),
+        "fleet": node.fleet.as_ref().map(|f| f.status()),
         // Whether the admin endpoints are on (the dashboard shows its
         // swap and rollback buttons only then).
         "admin_enabled": node.admin_token.is_some(),
@@ -281,6 +298,11 @@ fn signals(headers: &HeaderMap, tenant: Arc<Tenant>) -> Signals {
             .and_then(|v| v.to_str().ok())
             .map(|v| v.trim().to_string())
             .filter(|v| !v.is_empty()),
+        // `clients::require` let it in only with the fleet's token.
+        forwarded_by: headers
+            .get(crate::fleet::FORWARDED_BY_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string),
     }
 }
 

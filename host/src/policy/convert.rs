@@ -132,6 +132,17 @@ pub mod v2 {
                 .collect(),
             local_models: f.local_models.clone(),
             cloud_upstreams: f.cloud_upstreams.clone(),
+            peers: f
+                .peers
+                .iter()
+                .map(|p| wit::Peer {
+                    name: p.name.clone(),
+                    wait_ms: p.wait_ms,
+                    same_zone: p.same_zone,
+                    session_home: p.session_home,
+                })
+                .collect(),
+            peer_pick: f.peer_pick.clone(),
             embedding: f.embedding.clone(),
         }
     }

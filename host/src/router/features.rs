@@ -10,6 +10,7 @@
 use super::request::{Invalid, Prepared};
 use crate::config::GuardConfig;
 use crate::detect::Detector;
+use crate::fleet::{Candidates, Fleet};
 use crate::nn::{CacheScope, Embedder, Tokenized};
 use crate::targets::cloud::CloudTarget;
 use crate::targets::local::LocalTarget;
@@ -31,6 +32,9 @@ pub struct Signals {
     /// The client's tenant (from its API key); None is an open node's
     /// client: public by default, every target allowed.
     pub tenant: Option<Arc<Tenant>>,
+    /// The peer that forwarded this request (its fleet token checked): it
+    /// is never forwarded again.
+    pub forwarded_by: Option<String>,
 }
 
 /// What the policy sees, and what the guard judges.
@@ -45,6 +49,8 @@ pub struct Extracted {
     /// The prompt's tokens on the local model, counted for the features
     /// and handed to the backend (tokenized once).
     pub prompt: Option<Arc<Tokenized>>,
+    /// The peers it may be forwarded to, and the host's choice.
+    pub fleet: Candidates,
 }
 
 /// Every string in a JSON value, keys of objects included (a tool's
@@ -201,14 +207,27 @@ fn latency_budget_ms(request: &Prepared, signals: &Signals) -> Option<u32> {
         })
 }
 
+/// The node parts features are measured from.
+pub struct Sources<'a> {
+    pub guard: &'a GuardConfig,
+    pub detector: &'a Detector,
+    pub local: &'a LocalTarget,
+    pub cloud: &'a CloudTarget,
+    pub fleet: Option<&'a Fleet>,
+}
+
 pub fn extract(
     request: &Prepared,
     signals: &Signals,
-    guard: &GuardConfig,
-    detector: &Detector,
-    local: &LocalTarget,
-    cloud: &CloudTarget,
+    node: &Sources,
 ) -> Result<Extracted, Invalid> {
+    let Sources {
+        guard,
+        detector,
+        local,
+        cloud,
+        fleet,
+    } = *node;
     let sensitivity = collect_sensitivity(request, signals, guard, detector);
     let level = sensitivity.level();
     // A tenant limited to the node keeps even public data here.
@@ -217,6 +236,7 @@ pub fn extract(
         sensitivity: level,
         may_leave: guard.may_leave(level) && tenant_allows_cloud,
         tenant_confined: guard.may_leave(level) && !tenant_allows_cloud,
+        may_stay_in_zone: fleet.is_some_and(|f| f.zone_allows(level)) && tenant_allows_cloud,
     };
     let tenant = signals
         .tenant
@@ -254,9 +274,22 @@ pub fn extract(
         cloud_estimates: Vec::new(),
         local_models: local.model_names(),
         cloud_upstreams: cloud.upstream_names(),
+        peers: Vec::new(),
+        peer_pick: None,
         // Computed after extraction, only for a policy that asked.
         embedding: None,
     };
+    // A forwarded request sees no peers: it is never forwarded again.
+    let fleet = match fleet {
+        Some(fleet) if signals.forwarded_by.is_none() => fleet.candidates(
+            &facts,
+            features.latency_budget_ms,
+            signals.session.as_deref(),
+        ),
+        _ => Candidates::default(),
+    };
+    features.peers = fleet.features.clone();
+    features.peer_pick = fleet.pick.clone();
     // The estimates scale with the request's size, so they come last.
     features.local_estimate = features
         .local_models
@@ -270,6 +303,7 @@ pub fn extract(
         tenant,
         cache,
         prompt,
+        fleet,
     })
 }
 

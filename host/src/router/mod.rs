@@ -126,6 +126,8 @@ struct Context {
     decision: (String, Option<f32>),
     /// Targets tried so far (more than one: a fallback served it).
     hops: usize,
+    /// Peers already tried: not offered to the guard again.
+    tried_peers: Vec<String>,
 }
 
 /// A request after policy and guard, not yet dispatched.
@@ -170,10 +172,13 @@ pub async fn decide(
             let mut extracted = features::extract(
                 &request,
                 &signals,
-                &node.config.guard,
-                &node.detector,
-                &node.local,
-                &node.cloud,
+                &features::Sources {
+                    guard: &node.config.guard,
+                    detector: &node.detector,
+                    local: &node.local,
+                    cloud: &node.cloud,
+                    fleet: node.fleet.as_deref(),
+                },
             );
             if let (true, Ok(extracted), Some(embedder), Some(config)) = (
                 embed,
@@ -207,6 +212,7 @@ pub async fn decide(
         judged: None,
         decision: logged,
         hops: 0,
+        tried_peers: Vec::new(),
     };
     if !ctx.facts().may_leave
         && let Some(cloud) = named_cloud(&decision)
@@ -240,8 +246,10 @@ pub async fn dispatch(decided: Decided) -> Result<Served, Failure> {
     } = decided;
     // Targets already tried, so a fallback never sends the request to the
     // same place twice (local → cloud → local → … cannot happen), nor to a
-    // second upstream (`guard::may_try`).
+    // second target off the node (`guard::may_try`). `reached` leaves out
+    // a peer that refused the connection: nothing of the request left.
     let mut tried: Vec<Target> = Vec::new();
+    let mut reached: Vec<Target> = Vec::new();
     // The first failure, answered when every fallback is used up.
     let mut failed: Option<(Run, TargetFailure)> = None;
     loop {
@@ -262,11 +270,15 @@ pub async fn dispatch(decided: Decided) -> Result<Served, Failure> {
                 }),
             ),
         };
-        if !guard::may_try(&tried, &target) {
+        if tried.contains(&target) || !guard::may_try(&reached, &target) {
             let (run, failure) = failed.expect("a target is refused only after a failure");
             return ctx.answer(run, FirstEvent::Ended(Err(failure))).await;
         }
         tried.push(target.clone());
+        reached.push(target.clone());
+        if let Target::Peer(name) = &target {
+            ctx.tried_peers.push(name.clone());
+        }
         ctx.hops = tried.len();
         if target.kind() == TargetKind::Local
             && let Some(failure) = ctx.local_cannot_serve()
@@ -292,8 +304,16 @@ pub async fn dispatch(decided: Decided) -> Result<Served, Failure> {
                 Some(ctx.next_hop(&LocalFailure::Unavailable(why.clone()), &run.reason))
             }
             // A bad request stays bad wherever it runs.
-            (Target::Cloud(_), TargetFailure::BadRequest(_)) => None,
-            (Target::Cloud(_), failure) => ctx.with_view(|view| {
+            (Target::Cloud(_) | Target::Peer(_), TargetFailure::BadRequest(_)) => None,
+            // The peer never received it: the node tries again as if its
+            // local model had been busy (another peer, the cloud when the
+            // request may leave, else a refusal).
+            (Target::Peer(_), TargetFailure::Unreachable(why)) => {
+                reached.pop();
+                let why = format!("{why}; the local queue");
+                Some(ctx.next_hop(&LocalFailure::Unavailable(why), &run.reason))
+            }
+            (Target::Cloud(_) | Target::Peer(_), failure) => ctx.with_view(|view| {
                 guard::after_cloud_failure(&failure.to_string(), &run.reason, view)
             }),
             _ => None,
@@ -352,11 +372,24 @@ impl Context {
     fn with_view<R>(&self, f: impl FnOnce(&NodeView) -> R) -> R {
         let local_models = self.node.local.model_names();
         let upstreams = self.node.cloud.upstream_names();
+        let fleet = &self.extracted.fleet;
+        let peers: Vec<_> = fleet
+            .views
+            .iter()
+            .filter(|p| !self.tried_peers.contains(&p.name))
+            .cloned()
+            .collect();
+        let peer_pick = fleet
+            .pick
+            .as_deref()
+            .filter(|pick| peers.iter().any(|p| p.name == *pick));
         f(&NodeView {
             local_models: &local_models,
             default_local: self.node.default_local_model(),
             upstreams: &upstreams,
             on_policy_failure: self.node.config.policy.on_failure,
+            peers: &peers,
+            peer_pick,
         })
     }
 
@@ -388,9 +421,9 @@ impl Context {
         };
         let taint = self.taint(&reason);
         let mut request = self.chat_request();
-        // Only an upstream gets the client's own body: the local model is
-        // served from the fields the node interprets.
-        if target.kind() == TargetKind::Cloud {
+        // Only an upstream or a peer gets the client's own body: the local
+        // model is served from the fields the node interprets.
+        if target.leaves_node() {
             request.passthrough = serde_json::to_string(&self.request.passthrough).ok();
         }
         Run::launch(&self.node, target, reason, request, taint, local)
@@ -404,6 +437,7 @@ impl Context {
             reason: reason.to_string(),
             sensitivity: self.facts().sensitivity.name(),
             prompt_tokens: self.features().prompt_tokens,
+            may_stay_in_zone: self.facts().may_stay_in_zone,
         }
     }
 

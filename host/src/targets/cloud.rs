@@ -76,6 +76,9 @@ pub struct Taint {
     pub sensitivity: &'static str,
     /// As the node counted them (an upstream's own count wins when given).
     pub prompt_tokens: u32,
+    /// Its level may go to a peer of this node's trust zone
+    /// (`[guard] zone_levels`), though not to the cloud.
+    pub may_stay_in_zone: bool,
 }
 
 impl CloudTarget {

@@ -1,7 +1,8 @@
 //! The places a request can run, each behind the one [`Backend`] trait:
-//! local models and cloud upstreams today (both WebAssembly components
-//! exporting the same `generator` interface), peers of a fleet later. The
-//! router picks a backend by the target's kind and relays its stream.
+//! local models and cloud upstreams (both WebAssembly components exporting
+//! the same `generator` interface), and peers of a fleet (`crate::fleet`,
+//! forwarded over HTTP by the host). The router picks a backend by the
+//! target's kind and relays its stream.
 
 pub mod cloud;
 pub mod local;
@@ -46,6 +47,10 @@ pub enum TargetFailure {
     Internal(String),
     #[error("timed out after {0} ms")]
     Timeout(u64),
+    /// Nothing reached the target (a peer refused the connection): another
+    /// target may still serve the request without a copy having left.
+    #[error("{0}")]
+    Unreachable(String),
 }
 
 impl From<TargetError> for TargetFailure {

@@ -8,7 +8,7 @@
 use crate::policy::PolicyVersion;
 use crate::policy::convert::label;
 use anyhow::bail;
-use edgeroute_core::guard::{self, Facts, NodeView, OnPolicyFailure, Placement};
+use edgeroute_core::guard::{self, Facts, NodeView, OnPolicyFailure, PeerView, Placement};
 use edgeroute_core::{Choice, Estimate, Features, Sensitivity, Target, TextStats};
 
 /// The targets a node has, by name.
@@ -41,6 +41,22 @@ pub fn features(
         cloud_upstreams: cloud.iter().map(|s| s.to_string()).collect(),
         ..Features::default()
     }
+}
+
+/// Up to two peers, as a node in a fleet would offer them.
+fn random_peers(rng: &mut XorShift) -> Vec<edgeroute_core::PeerFeature> {
+    let mut peers = Vec::new();
+    for name in ["edge-2", "edge-3"] {
+        if rng.below(2) == 0 {
+            peers.push(edgeroute_core::PeerFeature {
+                name: name.to_string(),
+                wait_ms: rng.below(10_000) as u32,
+                same_zone: rng.below(2) == 0,
+                session_home: rng.below(4) == 0,
+            });
+        }
+    }
+    peers
 }
 
 /// A few ordinary requests a node asks a new policy before swapping it in.
@@ -202,6 +218,8 @@ fn random_features(rng: &mut XorShift, targets: &Targets) -> Features {
         cloud_estimates: random_estimates(rng, &targets.cloud),
         local_models: rng.subset(&targets.local),
         cloud_upstreams: rng.subset(&targets.cloud),
+        peers: random_peers(rng),
+        peer_pick: None,
         cached_prefix_tokens: 0,
         // A policy gets an embedding only when it asked, but one that asked
         // must cope with none (a node without the model) and odd sizes.
@@ -216,6 +234,7 @@ fn random_features(rng: &mut XorShift, targets: &Targets) -> Features {
     };
     // The cache never holds more than the prompt.
     features.cached_prefix_tokens = rng.below(features.prompt_tokens as u64 + 1) as u32;
+    features.peer_pick = features.peers.first().map(|p| p.name.clone());
     features
 }
 
@@ -265,22 +284,18 @@ pub async fn check(
     let mut record =
         |check: String, failure: Option<String>| findings.push(Finding { check, failure });
 
-    let known = |choice: &Choice| match choice {
-        Choice::Run(Target::Local(m)) => targets.local.contains(m),
-        Choice::Run(Target::Cloud(u)) => targets.cloud.contains(u),
-        Choice::Run(Target::Peer(_)) => false,
-        Choice::Cascade(c) => [&c.first, &c.then].into_iter().all(|t| match t {
+    // A peer is known when the features offered it.
+    let known = |choice: &Choice, f: &Features| {
+        let known_target = |t: &Target| match t {
             Target::Local(m) => targets.local.contains(m),
             Target::Cloud(u) => targets.cloud.contains(u),
-            Target::Peer(_) => false,
-        }),
-        Choice::Reject(_) => true,
-    };
-    let view = NodeView {
-        local_models: &targets.local,
-        default_local: targets.local.first().map(String::as_str),
-        upstreams: &targets.cloud,
-        on_policy_failure: OnPolicyFailure::Local,
+            Target::Peer(p) => f.peers.iter().any(|peer| &peer.name == p),
+        };
+        match choice {
+            Choice::Run(t) => known_target(t),
+            Choice::Cascade(c) => known_target(&c.first) && known_target(&c.then),
+            Choice::Reject(_) => true,
+        }
     };
 
     let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
@@ -290,10 +305,28 @@ pub async fn check(
         let decision = version.route(&f).await;
         match &decision {
             Err(e) => failures.push(format!("case {i}: {e}")),
-            Ok(d) if !known(&d.choice) => unknown.push(format!("case {i}: {}", label(&decision))),
+            Ok(d) if !known(&d.choice, &f) => {
+                unknown.push(format!("case {i}: {}", label(&decision)))
+            }
             Ok(_) => {}
         }
         let facts = Facts::of_level(f.sensitivity, f.may_leave);
+        let peers: Vec<PeerView> = f
+            .peers
+            .iter()
+            .map(|p| PeerView {
+                name: p.name.clone(),
+                same_zone: p.same_zone,
+            })
+            .collect();
+        let view = NodeView {
+            local_models: &targets.local,
+            default_local: targets.local.first().map(String::as_str),
+            upstreams: &targets.cloud,
+            on_policy_failure: OnPolicyFailure::Local,
+            peers: &peers,
+            peer_pick: f.peer_pick.as_deref(),
+        };
         let placed = guard::place(decision, &facts, &view);
         let off_node = match &placed {
             Placement::Run { target, .. } => target.leaves_node(),

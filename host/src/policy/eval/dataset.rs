@@ -414,6 +414,8 @@ pub async fn run(candidate: &PolicyVersion, examples: &[Prepared], node: &Node<'
         default_local: node.local_models.first().map(String::as_str),
         upstreams: node.upstreams,
         on_policy_failure: OnPolicyFailure::Local,
+        peers: &[],
+        peer_pick: None,
     };
     let mut served = Vec::with_capacity(examples.len());
     for e in examples {

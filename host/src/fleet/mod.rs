@@ -1,0 +1,305 @@
+//! A fleet of edgeroute nodes. Each node publishes its load (`sync`) and
+//! reads its peers'; a request this node cannot serve well may be
+//! forwarded to a peer (`forward`), chosen by `edgeroute_core::fleet`
+//! (a session's home, else the power of two choices) among the peers that
+//! are fresh, not full, fit the request's latency budget and that the
+//! guard lets the request reach (its level, the trust zone).
+//!
+//! A forwarded request carries the fleet token and is never forwarded
+//! again: the receiving node shows its policy no peers.
+
+mod forward;
+pub mod sync;
+
+use crate::config::FleetConfig;
+use crate::egress::EgressAudit;
+use edgeroute_core::fleet::{self, Ask, Candidate, PeakEwma};
+use edgeroute_core::guard::{Facts, PeerView};
+use edgeroute_core::{PeerFeature, Sensitivity};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Header naming the node that forwarded a request (with the token).
+pub const FORWARDED_BY_HEADER: &str = "x-edgeroute-forwarded-by";
+/// Header carrying the fleet token between nodes.
+pub const TOKEN_HEADER: &str = "x-edgeroute-fleet-token";
+
+/// What a node publishes about itself, every `report_ms`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    pub node: String,
+    pub zone: String,
+    /// Where peers reach it.
+    pub url: String,
+    /// Its estimate of a new request's wait for a local slot.
+    pub wait_ms: u32,
+    pub queue: u32,
+    pub running: u32,
+    /// Its queue is at its bound: a forwarded request would be refused.
+    pub full: bool,
+    /// Generations it runs at once (its batch width).
+    pub slots: u32,
+    /// KV cells not in use by running generations.
+    pub kv_free_tokens: u32,
+    pub models: Vec<String>,
+    /// Unix milliseconds when it was made.
+    pub at_ms: u64,
+}
+
+/// A peer as this node knows it.
+struct PeerState {
+    report: Report,
+    /// When this node received the report (its own clock: peers' clocks
+    /// are not trusted for staleness).
+    seen: Instant,
+    /// Peak-EWMA of the time a forwarded request took there.
+    service: PeakEwma,
+    /// Requests this node forwarded there that have not ended.
+    open: Arc<AtomicU32>,
+    /// It refused a connection: not a candidate until its next report.
+    down: bool,
+}
+
+/// The peers a request may go to, and the one the host would choose.
+#[derive(Debug, Clone, Default)]
+pub struct Candidates {
+    /// What the policy sees.
+    pub features: Vec<PeerFeature>,
+    /// What the guard checks against.
+    pub views: Vec<PeerView>,
+    /// `edgeroute_core::fleet::choose` over them.
+    pub pick: Option<String>,
+}
+
+pub struct Fleet {
+    pub config: FleetConfig,
+    token: String,
+    zone_levels: Vec<Sensitivity>,
+    peers: Mutex<BTreeMap<String, PeerState>>,
+    client: reqwest::Client,
+    /// Zero of the peak-EWMA clock.
+    epoch: Instant,
+    audit: Arc<EgressAudit>,
+    timeout: Duration,
+    random: Mutex<u64>,
+}
+
+/// A forwarded request that has not ended: it counts in its peer's load
+/// until dropped (a stream, until its last byte).
+pub struct Open(Arc<AtomicU32>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A new peer's service time before it has served anything of ours: one
+/// short generation on this hardware (`edgeroute bench`).
+const DEFAULT_SERVICE_MS: f64 = 1000.0;
+/// How long a slow sample keeps weight in the peak-EWMA.
+const SERVICE_DECAY_MS: f64 = 10_000.0;
+
+impl Fleet {
+    pub fn new(
+        config: FleetConfig,
+        zone_levels: Vec<Sensitivity>,
+        audit: Arc<EgressAudit>,
+        timeout: Duration,
+    ) -> anyhow::Result<Self> {
+        let token = config.token()?;
+        let mut seed = [0u8; 8];
+        getrandom::fill(&mut seed).map_err(|e| anyhow::anyhow!("no random seed: {e}"))?;
+        Ok(Self {
+            token,
+            zone_levels,
+            peers: Mutex::default(),
+            client: reqwest::Client::builder()
+                .tcp_nodelay(true)
+                .connect_timeout(Duration::from_millis(config.stale_ms))
+                .build()?,
+            epoch: Instant::now(),
+            audit,
+            timeout,
+            random: Mutex::new(u64::from_le_bytes(seed) | 1),
+            config,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.config.node
+    }
+
+    /// Whether a presented fleet token is this fleet's, in constant time.
+    pub fn authorize(&self, presented: &str) -> bool {
+        crate::tenants::same_secret(presented, &self.token)
+    }
+
+    fn now_ms(&self) -> f64 {
+        self.epoch.elapsed().as_secs_f64() * 1e3
+    }
+
+    fn peers(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, PeerState>> {
+        self.peers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Take a peer's report (from Redis or its `/fleet/load`).
+    pub fn accept(&self, report: Report) {
+        if report.node == self.config.node {
+            return;
+        }
+        let now = self.now_ms();
+        let mut peers = self.peers();
+        let state = peers
+            .entry(report.node.clone())
+            .or_insert_with(|| PeerState {
+                report: report.clone(),
+                seen: Instant::now(),
+                service: PeakEwma::new(DEFAULT_SERVICE_MS, SERVICE_DECAY_MS, now),
+                open: Arc::default(),
+                down: false,
+            });
+        state.report = report;
+        state.seen = Instant::now();
+        state.down = false;
+    }
+
+    /// A peer refused the connection: not a candidate until it reports again.
+    pub fn mark_down(&self, name: &str) {
+        if let Some(state) = self.peers().get_mut(name) {
+            state.down = true;
+        }
+    }
+
+    /// Count a request forwarded to `name` until the guard is dropped.
+    fn open(&self, name: &str) -> Option<(Open, String, bool)> {
+        let peers = self.peers();
+        let state = peers.get(name)?;
+        state.open.fetch_add(1, Ordering::Relaxed);
+        Some((
+            Open(state.open.clone()),
+            state.report.url.clone(),
+            state.report.zone == self.config.zone,
+        ))
+    }
+
+    /// A forwarded request to `name` took `ms` to its end.
+    fn observe(&self, name: &str, ms: f64) {
+        let now = self.now_ms();
+        if let Some(state) = self.peers().get_mut(name) {
+            state.service.observe(ms, now);
+        }
+    }
+
+    /// Whether a level may go to a peer of this node's zone although it
+    /// may not leave the node for the cloud.
+    pub fn zone_allows(&self, level: Sensitivity) -> bool {
+        self.zone_levels.contains(&level)
+    }
+
+    fn random(&self, n: usize) -> usize {
+        // xorshift64*: enough for picking two of n peers.
+        let mut x = self.random.lock().unwrap_or_else(|p| p.into_inner());
+        *x ^= *x >> 12;
+        *x ^= *x << 25;
+        *x ^= *x >> 27;
+        (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) as usize % n.max(1)
+    }
+
+    /// The peers `facts`' request may go to now, and the host's choice.
+    pub fn candidates(
+        &self,
+        facts: &Facts,
+        budget_ms: Option<u32>,
+        session: Option<&str>,
+    ) -> Candidates {
+        let stale = Duration::from_millis(self.config.stale_ms);
+        let peers = self.peers();
+        let fresh: Vec<(&String, &PeerState)> = peers
+            .iter()
+            .filter(|(_, s)| s.seen.elapsed() < stale && !s.down)
+            .collect();
+        let mut out = Candidates::default();
+        let mut waits = Vec::new();
+        for (name, state) in &fresh {
+            let view = PeerView {
+                name: (*name).clone(),
+                same_zone: state.report.zone == self.config.zone,
+            };
+            if state.report.full || !facts.may_go_to(&view) {
+                continue;
+            }
+            let wait = fleet::estimated_wait_ms(
+                f64::from(state.report.wait_ms),
+                state.open.load(Ordering::Relaxed),
+                state.service.get(),
+                state.report.slots,
+            );
+            waits.push(wait);
+            out.features.push(PeerFeature {
+                name: view.name.clone(),
+                wait_ms: wait.round().min(f64::from(u32::MAX)) as u32,
+                same_zone: view.same_zone,
+                session_home: false,
+            });
+            out.views.push(view);
+        }
+        // Every live node's name, this one included, so a session's home
+        // is the same whichever node is asked.
+        let mut everyone: Vec<&str> = fresh.iter().map(|(n, _)| n.as_str()).collect();
+        everyone.push(self.name());
+        let candidates: Vec<Candidate> = out
+            .features
+            .iter()
+            .zip(&waits)
+            .map(|(f, &wait_ms)| Candidate {
+                name: &f.name,
+                wait_ms,
+            })
+            .collect();
+        let ask = Ask {
+            budget_ms: budget_ms.map(f64::from),
+            session: session.map(|key| (key, everyone.as_slice())),
+            session_bound_ms: f64::from(self.config.session_bound_ms),
+        };
+        let home = fleet::session_home(&ask, &candidates);
+        let pick = fleet::choose(&ask, &candidates, &mut |n| self.random(n));
+        let pick = pick.map(|i| candidates[i].name.to_string());
+        if let Some(home) = home {
+            out.features[home].session_home = true;
+        }
+        out.pick = pick;
+        out
+    }
+
+    /// What `/healthz` shows of the fleet.
+    pub fn status(&self) -> serde_json::Value {
+        let stale = Duration::from_millis(self.config.stale_ms);
+        let peers: Vec<serde_json::Value> = self
+            .peers()
+            .iter()
+            .map(|(name, s)| {
+                serde_json::json!({
+                    "name": name,
+                    "zone": s.report.zone,
+                    "wait_ms": s.report.wait_ms,
+                    "full": s.report.full,
+                    "open": s.open.load(Ordering::Relaxed),
+                    "age_ms": s.seen.elapsed().as_millis() as u64,
+                    "fresh": s.seen.elapsed() < stale && !s.down,
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "node": self.config.node,
+            "zone": self.config.zone,
+            "store": if self.config.redis.is_some() { "redis" } else { "http" },
+            // Levels that may reach a peer of this zone but not the cloud.
+            "zone_levels": self.zone_levels.iter().map(|l| l.name()).collect::<Vec<_>>(),
+            "peers": peers,
+        })
+    }
+}

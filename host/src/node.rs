@@ -142,6 +142,7 @@ impl Node {
         let fleet = match &config.fleet {
             Some(fleet) => Some(Arc::new(crate::fleet::Fleet::new(
                 fleet.clone(),
+                fleet.token()?,
                 config.guard.zone_levels.clone(),
                 cloud.audit.clone(),
                 Duration::from_millis(config.limits.cloud_timeout_ms),

@@ -84,13 +84,24 @@ pub fn power_of_two(loads: &[f64], random: &mut impl FnMut(usize) -> usize) -> O
 /// same names ranks them the same way for a key, and removing one node
 /// moves only the keys it held. The first is the key's home.
 pub fn rendezvous_rank(key: &str, names: &[&str]) -> Vec<usize> {
+    let key = fnv1a(key.as_bytes());
     let mut scored: Vec<(u64, usize)> = names
         .iter()
         .enumerate()
-        .map(|(i, name)| (mix(fnv1a(key.as_bytes()) ^ fnv1a(name.as_bytes())), i))
+        .map(|(i, name)| (score(key, name), i))
         .collect();
     scored.sort_unstable_by(|a, b| b.cmp(a));
     scored.into_iter().map(|(_, i)| i).collect()
+}
+
+/// The first of [`rendezvous_rank`], in one pass (no sort).
+pub fn rendezvous_home(key: &str, names: &[&str]) -> Option<usize> {
+    let key = fnv1a(key.as_bytes());
+    (0..names.len()).max_by_key(|&i| (score(key, names[i]), i))
+}
+
+fn score(key: u64, name: &str) -> u64 {
+    mix(key ^ fnv1a(name.as_bytes()))
 }
 
 /// What the chooser needs to know about one peer the request may go to.
@@ -140,7 +151,7 @@ pub fn choose(
 /// may be this node, or a node that is not a candidate for this request).
 pub fn session_home(ask: &Ask, candidates: &[Candidate]) -> Option<usize> {
     let (key, everyone) = ask.session?;
-    let home = everyone[*rendezvous_rank(key, everyone).first()?];
+    let home = everyone[rendezvous_home(key, everyone)?];
     candidates.iter().position(|c| c.name == home)
 }
 
@@ -218,6 +229,10 @@ mod tests {
         for k in 0..400 {
             let key = format!("session-{k}");
             let home = all[rendezvous_rank(&key, &all)[0]];
+            assert_eq!(
+                rendezvous_home(&key, &all),
+                Some(rendezvous_rank(&key, &all)[0])
+            );
             homes[all.iter().position(|n| *n == home).unwrap()] += 1;
             assert_eq!(home, all[rendezvous_rank(&key, &all)[0]]);
             let after = without_3[rendezvous_rank(&key, &without_3)[0]];

@@ -10,6 +10,7 @@ mod batching;
 mod chain;
 mod detection;
 mod embedding;
+mod fleet;
 mod observability;
 mod proxy;
 mod upstream;
@@ -59,6 +60,16 @@ pub struct Options {
     /// (the batching benchmark runs up to 8 requests at once).
     #[arg(long)]
     pub max_concurrent: Option<u32>,
+    /// Only the fleet: the spillover simulation (3, 30, 300 nodes) and
+    /// the placement decision's cost with 300 peers. Needs no model.
+    #[arg(long)]
+    pub fleet_only: bool,
+    /// Requests per simulated run (after a tenth more as warm-up).
+    #[arg(long, default_value_t = 100_000)]
+    pub fleet_requests: usize,
+    /// Where to write the spillover-against-utilisation plot (SVG).
+    #[arg(long)]
+    pub fleet_plot: Option<std::path::PathBuf>,
     /// Run only the detection benchmark.
     #[arg(long)]
     pub detection_only: bool,
@@ -257,6 +268,9 @@ pub async fn run(mut config: Config, options: Options) -> anyhow::Result<()> {
         config.local.max_concurrent = width;
     }
     let threads = config.local.threads;
+    if options.fleet_only {
+        return fleet::run(options.fleet_plot.as_deref(), options.fleet_requests);
+    }
     if options.proxy_only {
         // Its own node, whose upstream is the benchmark's.
         return proxy::run(config, options.proxy_requests).await;

@@ -104,13 +104,14 @@ const DEFAULT_SERVICE_MS: f64 = 1000.0;
 const SERVICE_DECAY_MS: f64 = 10_000.0;
 
 impl Fleet {
+    /// `token`: the fleet's shared secret (`FleetConfig::token`).
     pub fn new(
         config: FleetConfig,
+        token: String,
         zone_levels: Vec<Sensitivity>,
         audit: Arc<EgressAudit>,
         timeout: Duration,
     ) -> anyhow::Result<Self> {
-        let token = config.token()?;
         let mut seed = [0u8; 8];
         getrandom::fill(&mut seed).map_err(|e| anyhow::anyhow!("no random seed: {e}"))?;
         Ok(Self {

@@ -7,7 +7,7 @@
 //!   rebuilt with the node's own ledger code, plus what only per-request
 //!   lines show — latency distributions and cost saved over time.
 
-mod svg;
+pub(crate) mod svg;
 
 use crate::decisions::{Decided, Line};
 use crate::ledger::{Entry, Ledger};

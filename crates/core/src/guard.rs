@@ -75,7 +75,7 @@ impl Facts {
     /// Whether the request may be forwarded to `peer`: anywhere when it
     /// may leave, inside the trust zone when its level may stay there,
     /// never for a confined tenant.
-    pub fn may_go_to(&self, peer: &PeerView) -> bool {
+    pub fn may_go_to(&self, peer: &PeerView<'_>) -> bool {
         !self.tenant_confined && (self.may_leave || (peer.same_zone && self.may_stay_in_zone))
     }
 
@@ -101,16 +101,16 @@ pub struct NodeView<'a> {
     /// Peers of the fleet that are candidates now (fresh load reports);
     /// empty on a single node and for a request that was forwarded here
     /// (a forwarded request is never forwarded again).
-    pub peers: &'a [PeerView],
+    pub peers: &'a [PeerView<'a>],
     /// The peer the host chose for this request (`edgeroute_core::fleet`)
     /// if it must leave this node for the fleet; None when there is none.
     pub peer_pick: Option<&'a str>,
 }
 
-/// A peer as the guard sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PeerView {
-    pub name: String,
+/// A peer as the guard sees it (borrowed from the request's features).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerView<'a> {
+    pub name: &'a str,
     /// In this node's trust zone.
     pub same_zone: bool,
 }
@@ -311,7 +311,7 @@ pub fn after_local_failure(
         && facts.may_go_to(peer)
     {
         return Placement::Run {
-            target: Target::Peer(peer.name.clone()),
+            target: Target::Peer(peer.name.to_string()),
             reason: format!("{reason}; local failed ({failure}): forwarded to peer"),
         };
     }
@@ -701,14 +701,14 @@ mod tests {
         assert!(!Rules::default().may_leave(Sensitivity::Restricted));
     }
 
-    fn fleet() -> Vec<PeerView> {
+    fn fleet() -> Vec<PeerView<'static>> {
         vec![
             PeerView {
-                name: "edge-2".into(),
+                name: "edge-2",
                 same_zone: true,
             },
             PeerView {
-                name: "far-1".into(),
+                name: "far-1",
                 same_zone: false,
             },
         ]

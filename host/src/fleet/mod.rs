@@ -68,8 +68,6 @@ struct PeerState {
 pub struct Candidates {
     /// What the policy sees.
     pub features: Vec<PeerFeature>,
-    /// What the guard checks against.
-    pub views: Vec<PeerView>,
     /// `edgeroute_core::fleet::choose` over them.
     pub pick: Option<String>,
 }
@@ -227,7 +225,7 @@ impl Fleet {
         let mut waits = Vec::new();
         for (name, state) in &fresh {
             let view = PeerView {
-                name: (*name).clone(),
+                name,
                 same_zone: state.report.zone == self.config.zone,
             };
             if state.report.full || !facts.may_go_to(&view) {
@@ -241,12 +239,11 @@ impl Fleet {
             );
             waits.push(wait);
             out.features.push(PeerFeature {
-                name: view.name.clone(),
+                name: name.to_string(),
                 wait_ms: wait.round().min(f64::from(u32::MAX)) as u32,
                 same_zone: view.same_zone,
                 session_home: false,
             });
-            out.views.push(view);
         }
         // Every live node's name, this one included, so a session's home
         // is the same whichever node is asked.
@@ -269,6 +266,7 @@ impl Fleet {
         let home = fleet::session_home(&ask, &candidates);
         let pick = fleet::choose(&ask, &candidates, &mut |n| self.random(n));
         let pick = pick.map(|i| candidates[i].name.to_string());
+        drop(candidates);
         if let Some(home) = home {
             out.features[home].session_home = true;
         }

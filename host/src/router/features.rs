@@ -11,6 +11,7 @@ use super::request::{Invalid, Prepared};
 use crate::config::GuardConfig;
 use crate::detect::Detector;
 use crate::fleet::{Candidates, Fleet};
+
 use crate::nn::{CacheScope, Embedder, Tokenized};
 use crate::targets::cloud::CloudTarget;
 use crate::targets::local::LocalTarget;
@@ -49,8 +50,6 @@ pub struct Extracted {
     /// The prompt's tokens on the local model, counted for the features
     /// and handed to the backend (tokenized once).
     pub prompt: Option<Arc<Tokenized>>,
-    /// The peers it may be forwarded to, and the host's choice.
-    pub fleet: Candidates,
 }
 
 /// Every string in a JSON value, keys of objects included (a tool's
@@ -288,8 +287,8 @@ pub fn extract(
         ),
         _ => Candidates::default(),
     };
-    features.peers = fleet.features.clone();
-    features.peer_pick = fleet.pick.clone();
+    features.peers = fleet.features;
+    features.peer_pick = fleet.pick;
     // The estimates scale with the request's size, so they come last.
     features.local_estimate = features
         .local_models
@@ -303,7 +302,6 @@ pub fn extract(
         tenant,
         cache,
         prompt,
-        fleet,
     })
 }
 

@@ -21,7 +21,7 @@ use crate::policy::PolicyVersion;
 use crate::targets::TargetFailure;
 use crate::targets::{Delta, Taint};
 use cascade::Judge;
-use edgeroute_core::guard::{self, Facts, LocalFailure, NodeView, Placement};
+use edgeroute_core::guard::{self, Facts, LocalFailure, NodeView, PeerView, Placement};
 use edgeroute_core::{
     Choice, Decision, Features, Outcome, PolicyFailure, Prices, Refused, Target, TargetKind, Usage,
 };
@@ -372,15 +372,18 @@ impl Context {
     fn with_view<R>(&self, f: impl FnOnce(&NodeView) -> R) -> R {
         let local_models = self.node.local.model_names();
         let upstreams = self.node.cloud.upstream_names();
-        let fleet = &self.extracted.fleet;
-        let peers: Vec<_> = fleet
-            .views
+        let features = self.features();
+        let peers: Vec<PeerView> = features
+            .peers
             .iter()
             .filter(|p| !self.tried_peers.contains(&p.name))
-            .cloned()
+            .map(|p| PeerView {
+                name: &p.name,
+                same_zone: p.same_zone,
+            })
             .collect();
-        let peer_pick = fleet
-            .pick
+        let peer_pick = features
+            .peer_pick
             .as_deref()
             .filter(|pick| peers.iter().any(|p| p.name == *pick));
         f(&NodeView {

@@ -315,7 +315,7 @@ pub async fn check(
             .peers
             .iter()
             .map(|p| PeerView {
-                name: p.name.clone(),
+                name: &p.name,
                 same_zone: p.same_zone,
             })
             .collect();

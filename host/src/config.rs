@@ -68,6 +68,10 @@ pub struct FleetConfig {
     /// node's estimated wait is above this.
     #[serde(default = "FleetConfig::default_session_bound_ms")]
     pub session_bound_ms: u32,
+    /// The token itself, for nodes a program starts in-process (`edgeroute
+    /// bench`); never read from a file.
+    #[serde(skip)]
+    pub token_value: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -98,8 +102,9 @@ impl FleetConfig {
     /// requests skip the client key check, so they must prove they come
     /// from a node).
     pub fn token(&self) -> anyhow::Result<String> {
-        std::env::var(&self.token_env)
-            .ok()
+        self.token_value
+            .clone()
+            .or_else(|| std::env::var(&self.token_env).ok())
             .map(|t| t.trim().to_string())
             .filter(|t| t.len() >= 16)
             .with_context(|| {

@@ -140,6 +140,17 @@ fn a_busy_node_forwards_to_an_idle_peer_and_restricted_data_stays_in_its_zone() 
     }
     assert_eq!(finished_requests(&c), before_c, "c served restricted data");
     assert!(cloud.chat_requests().is_empty(), "{}", cloud.describe());
+    // Forwarded requests are counted as peer placements and audited as
+    // egress to the peer (the log is written every 50 ms).
+    let metrics = a.get("/metrics").body_text;
+    assert!(metrics.contains("placement=\"peer\""), "{metrics}");
+    std::thread::sleep(Duration::from_millis(200));
+    let audit = std::fs::read_to_string(a.audit_log()).unwrap_or_default();
+    let to_b = audit
+        .lines()
+        .filter(|l| l.contains("\"target\":\"peer:b\"") && l.contains("\"event\":\"egress\""))
+        .count();
+    assert!(to_b >= 6, "{audit}");
 
     // Without the zone rule restricted data stays on its node: a busy one
     // refuses it.

@@ -5,6 +5,12 @@
 //! client). Reports the added latency (non-streaming p50/p99), the added
 //! time to first byte (streaming), and how many connections the node
 //! opened to the upstream per 1,000 requests.
+//!
+//! Then what a hop to a peer of the fleet adds: the same request sent to a
+//! node that serves it from the cloud (`b`, no local model), and to a node
+//! whose local queue is always full (`a`, `max_queue = 0`), which forwards
+//! it to `b`; the difference is the forwarding (a's server, pipeline,
+//! guard and its HTTP client, b's check of the fleet token).
 
 use super::upstream::{self, Timing};
 use crate::config::Config;
@@ -13,6 +19,16 @@ use anyhow::{Context, bail};
 use serde_json::{Value, json};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
+
+/// A plain chat request: `b` serves it from the cloud, `a` forwards it.
+fn plain(stream: bool) -> Value {
+    json!({
+        "model": "auto",
+        "messages": [{"role": "user", "content": "What is the weather in Lyon?"}],
+        "max_tokens": 1,
+        "stream": stream,
+    })
+}
 
 /// Only an upstream serves a request that offers tools: every request
 /// through the node is a cloud call, as an agent's would be.
@@ -32,7 +48,15 @@ async fn call(
     url: &str,
     stream: bool,
 ) -> anyhow::Result<(Duration, Duration)> {
-    let body = body(stream).to_string();
+    send(client, url, body(stream)).await
+}
+
+async fn send(
+    client: &reqwest::Client,
+    url: &str,
+    body: Value,
+) -> anyhow::Result<(Duration, Duration)> {
+    let body = body.to_string();
     let t0 = Instant::now();
     let mut response = client
         .post(url)
@@ -53,7 +77,148 @@ async fn call(
     Ok((first.unwrap_or(total), total))
 }
 
-pub async fn run(mut config: Config, requests: u32) -> anyhow::Result<()> {
+/// Serve `node` on a free loopback port; its base URL.
+async fn serve(node: &std::sync::Arc<Node>) -> anyhow::Result<String> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let limits = crate::serve::ServeLimits {
+        max_connections: 1024,
+        header_read_timeout: Duration::from_secs(10),
+        shutdown_grace: Duration::from_secs(1),
+    };
+    tokio::spawn(crate::serve::serve(
+        listener,
+        crate::api::router(node.clone()),
+        limits,
+        std::future::pending(),
+    ));
+    Ok(url)
+}
+
+pub async fn run(config: Config, requests: u32) -> anyhow::Result<()> {
+    cloud_call(config.clone(), requests).await?;
+    peer_hop(config, requests).await
+}
+
+/// What a hop to a peer adds to the time to first byte and the latency.
+async fn peer_hop(mut config: Config, requests: u32) -> anyhow::Result<()> {
+    let instant = Timing {
+        round_trip: Duration::ZERO,
+        server_ttft: Duration::ZERO,
+        tokens_per_s: 1e9,
+    };
+    let upstream = upstream::start(instant).await?;
+    let first = config
+        .cloud
+        .upstreams
+        .first_mut()
+        .context("the config has no cloud upstream to stand in for")?;
+    first.base_url = upstream.base_url.clone();
+    config.cloud.upstreams.truncate(1);
+    config.local.embedding = None;
+    let fleet = |name: &str, peers: Vec<crate::config::PeerConfig>| -> anyhow::Result<_> {
+        let mut fleet: crate::config::FleetConfig = toml::from_str(&format!(
+            "node = \"{name}\"\nreport_ms = 100\nstale_ms = 1000\n"
+        ))?;
+        fleet.peers = peers;
+        fleet.token_value = Some("bench-fleet-token-0123456789".into());
+        Ok(fleet)
+    };
+    // b: no local model, so every request it gets goes to the upstream.
+    let mut b_config = config.clone();
+    b_config.local.models.clear();
+    b_config.fleet = Some(fleet("b", Vec::new())?);
+    let b = Node::start(b_config).await?;
+    let b_url = serve(&b).await?;
+    b.fleet.as_ref().context("b is in a fleet")?;
+    // a: its local queue is always full, so it forwards to b.
+    let mut a_config = config;
+    a_config.local.max_queue = 0;
+    let mut a_fleet = fleet(
+        "a",
+        vec![crate::config::PeerConfig {
+            name: "b".into(),
+            url: b_url.clone(),
+        }],
+    )?;
+    a_fleet.url = "http://127.0.0.1:1".into();
+    a_config.fleet = Some(a_fleet);
+    let a = Node::start(a_config).await?;
+    let a_url = serve(&a).await?;
+    crate::fleet::sync::spawn(std::sync::Arc::downgrade(&a));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while a
+        .fleet
+        .as_ref()
+        .is_some_and(|f| f.status()["peers"][0]["fresh"] != true)
+    {
+        if Instant::now() > deadline {
+            bail!(
+                "node a never heard from b: {}",
+                a.fleet.as_ref().map(|f| f.status()).unwrap_or_default()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let client = reqwest::Client::new();
+    let (to_b, to_a) = (
+        format!("{b_url}/v1/chat/completions"),
+        format!("{a_url}/v1/chat/completions"),
+    );
+    // The hop is real: a's answer names b.
+    let probe = client
+        .post(&to_a)
+        .header("content-type", "application/json")
+        .body(plain(false).to_string())
+        .send()
+        .await?;
+    let target = probe
+        .headers()
+        .get("x-edgeroute-target")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    if target != "peer:b" {
+        bail!(
+            "a did not forward to b (target '{target}', status {})",
+            probe.status()
+        );
+    }
+    println!(
+        "\nwhat a hop to a peer adds: {requests} requests each way, alternating, straight to b (which calls the upstream) and through a (whose full queue forwards to b)"
+    );
+    for stream in [false, true] {
+        for _ in 0..50 {
+            send(&client, &to_b, plain(stream)).await?;
+            send(&client, &to_a, plain(stream)).await?;
+        }
+        let (mut direct, mut hop) = (Vec::new(), Vec::new());
+        for _ in 0..requests {
+            let pick = |(first, total): (Duration, Duration)| if stream { first } else { total };
+            direct.push(pick(send(&client, &to_b, plain(stream)).await?));
+            hop.push(pick(send(&client, &to_a, plain(stream)).await?));
+        }
+        let (d, h) = (super::Spread::of(direct), super::Spread::of(hop));
+        let what = if stream {
+            "streaming, time to first byte"
+        } else {
+            "non-streaming, whole answer"
+        };
+        println!(
+            "  {what}: b p50 {:.0} µs, p99 {:.0} µs; through a p50 {:.0} µs, p99 {:.0} µs; the hop adds p50 {:.0} µs, p99 {:.0} µs",
+            d.p50,
+            d.p99,
+            h.p50,
+            h.p99,
+            h.p50 - d.p50,
+            h.p99 - d.p99
+        );
+    }
+    Ok(())
+}
+
+/// What the node adds to a cloud call.
+async fn cloud_call(mut config: Config, requests: u32) -> anyhow::Result<()> {
     if requests == 0 {
         bail!("--proxy-requests must be at least 1");
     }

@@ -131,16 +131,23 @@ async fn poll_peers(fleet: &Fleet) {
     let timeout = Duration::from_millis(fleet.config.report_ms.max(100));
     let asks = fleet.config.peers.iter().map(|peer| {
         let url = format!("{}/fleet/load", peer.url.trim_end_matches('/'));
-        fleet
+        let ask = fleet
             .client
             .get(url)
             .header(TOKEN_HEADER, &fleet.token)
             .timeout(timeout)
-            .send()
+            .send();
+        (peer.url.clone(), ask)
     });
     let mut tasks = tokio::task::JoinSet::new();
-    for ask in asks {
-        tasks.spawn(async move { ask.await?.error_for_status()?.json::<Report>().await });
+    for (url, ask) in asks {
+        tasks.spawn(async move {
+            let mut report = ask.await?.error_for_status()?.json::<Report>().await?;
+            // It answered at the configured URL: forward there too,
+            // whatever address it believes it has.
+            report.url = url;
+            Ok::<_, reqwest::Error>(report)
+        });
     }
     while let Some(done) = tasks.join_next().await {
         if let Ok(Ok(report)) = done {

@@ -390,6 +390,33 @@ fn live(registry: &mut Registry, node: &Node) {
     registry.register_collector(Box::new(kv_used));
     registry.register_collector(Box::new(kv_budget));
     registry.register_collector(Box::new(waiting));
+    // The fleet as this node sees it, one sample per known peer.
+    if let Some(fleet) = &node.fleet {
+        let mut fresh = Samples::new(
+            "fleet_peer_fresh",
+            "1 when the peer's last load report is fresh and it took connections, by peer",
+            MetricType::Gauge,
+        );
+        let mut wait = Samples::new(
+            "fleet_peer_wait_seconds",
+            "The peer's reported wait for a local slot, by peer",
+            MetricType::Gauge,
+        );
+        let mut open = Samples::new(
+            "fleet_forwarded_open",
+            "Requests this node forwarded to the peer that have not ended, by peer",
+            MetricType::Gauge,
+        );
+        for peer in fleet.peer_loads() {
+            let labels = [("peer", peer.name.as_str())];
+            fresh.add(&labels, f64::from(u8::from(peer.fresh)));
+            wait.add(&labels, f64::from(peer.wait_ms) / 1e3);
+            open.add(&labels, f64::from(peer.open));
+        }
+        registry.register_collector(Box::new(fresh));
+        registry.register_collector(Box::new(wait));
+        registry.register_collector(Box::new(open));
+    }
     gauge(
         registry,
         "local_estimated_wait_seconds",

@@ -144,6 +144,11 @@ fn a_busy_node_forwards_to_an_idle_peer_and_restricted_data_stays_in_its_zone() 
     // egress to the peer (the log is written every 50 ms).
     let metrics = a.get("/metrics").body_text;
     assert!(metrics.contains("placement=\"peer\""), "{metrics}");
+    assert!(
+        metrics.contains("fleet_peer_fresh{peer=\"b\"} 1"),
+        "{metrics}"
+    );
+    crate::observability::promtool_passes(&metrics);
     std::thread::sleep(Duration::from_millis(200));
     let audit = std::fs::read_to_string(a.audit_log()).unwrap_or_default();
     let to_b = audit

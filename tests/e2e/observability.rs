@@ -71,7 +71,7 @@ fn sample(samples: &BTreeMap<String, f64>, name: &str, labels: &[(&str, &str)]) 
 /// `promtool check metrics` on the node's exposition: the format parses
 /// and the names follow Prometheus's conventions.
 #[track_caller]
-fn promtool_passes(text: &str) {
+pub(crate) fn promtool_passes(text: &str) {
     let mut child = Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(Stdio::piped())

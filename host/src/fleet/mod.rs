@@ -72,6 +72,14 @@ pub struct Candidates {
     pub pick: Option<String>,
 }
 
+/// A known peer's state as `/metrics` shows it.
+pub struct PeerLoad {
+    pub name: String,
+    pub fresh: bool,
+    pub wait_ms: u32,
+    pub open: u32,
+}
+
 pub struct Fleet {
     pub config: FleetConfig,
     token: String,
@@ -272,6 +280,20 @@ impl Fleet {
         }
         out.pick = pick;
         out
+    }
+
+    /// Every known peer's state, for `/metrics`.
+    pub fn peer_loads(&self) -> Vec<PeerLoad> {
+        let stale = Duration::from_millis(self.config.stale_ms);
+        self.peers()
+            .iter()
+            .map(|(name, s)| PeerLoad {
+                name: name.clone(),
+                fresh: s.seen.elapsed() < stale && !s.down,
+                wait_ms: s.report.wait_ms,
+                open: s.open.load(Ordering::Relaxed),
+            })
+            .collect()
     }
 
     /// What `/healthz` shows of the fleet.

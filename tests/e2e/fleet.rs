@@ -90,8 +90,18 @@ fn short(text: &str) -> Value {
     })
 }
 
-fn finished_requests(node: &Node) -> usize {
-    node.logs().matches("request finished").count()
+/// Restricted requests the node has answered or refused (its
+/// `edgeroute_requests_total` series): unlike its log, it cannot lag
+/// behind an earlier public stream that is still being accounted.
+fn restricted_requests(node: &Node) -> f64 {
+    node.get("/metrics")
+        .body_text
+        .lines()
+        .filter(|l| {
+            l.starts_with("edgeroute_requests_total{") && l.contains("sensitivity=\"restricted\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 #[test]
@@ -124,7 +134,7 @@ fn a_busy_node_forwards_to_an_idle_peer_and_restricted_data_stays_in_its_zone() 
     assert!(!stream.text.is_empty(), "{stream:?}");
 
     // Restricted: only ever b (same zone), never c, never the cloud.
-    let before_c = finished_requests(&c);
+    let before_c = restricted_requests(&c);
     for i in 0..6 {
         // b runs one request at a time: wait for its report to say it is
         // free (a full peer is not a candidate).
@@ -138,7 +148,12 @@ fn a_busy_node_forwards_to_an_idle_peer_and_restricted_data_stays_in_its_zone() 
         assert_eq!(resp.target(), Some("peer:b"), "{resp:?}");
         assert!(cloud.requests_mentioning(&canary).is_empty());
     }
-    assert_eq!(finished_requests(&c), before_c, "c served restricted data");
+    assert_eq!(
+        restricted_requests(&c),
+        before_c,
+        "c served restricted data"
+    );
+    assert_eq!(restricted_requests(&b), 6.0);
     assert!(cloud.chat_requests().is_empty(), "{}", cloud.describe());
     // Forwarded requests are counted as peer placements and audited as
     // egress to the peer (the log is written every 50 ms).
@@ -162,12 +177,12 @@ fn a_busy_node_forwards_to_an_idle_peer_and_restricted_data_stays_in_its_zone() 
     let d = fleet_node(&cloud, &redis, "d", "r1", "");
     wait_until("d seeing its peers", &d, || fresh_peers(&d).len() >= 2);
     let _held_d = occupy(&d);
-    let before = (finished_requests(&b), finished_requests(&c));
+    let before = (restricted_requests(&b), restricted_requests(&c));
     let canary = unique("fleet-stays");
     let resp = d.post_chat(short(&canary), &[("x-edgeroute-sensitivity", "restricted")]);
     assert_eq!(resp.status, 503, "{resp:?}");
     assert_eq!(resp.json()["error"]["code"], "local_busy", "{resp:?}");
-    assert_eq!((finished_requests(&b), finished_requests(&c)), before);
+    assert_eq!((restricted_requests(&b), restricted_requests(&c)), before);
     assert!(cloud.requests_mentioning(&canary).is_empty());
 }
 

@@ -77,6 +77,25 @@ async fn send(
     Ok((first.unwrap_or(total), total))
 }
 
+/// An upstream that answers at once, one token.
+const INSTANT: Timing = Timing {
+    round_trip: Duration::ZERO,
+    server_ttft: Duration::ZERO,
+    tokens_per_s: 1e9,
+};
+
+/// The config's first upstream, pointed at `base_url`, is its only one.
+fn only_upstream(config: &mut Config, base_url: &str) -> anyhow::Result<()> {
+    let first = config
+        .cloud
+        .upstreams
+        .first_mut()
+        .context("the config has no cloud upstream to stand in for")?;
+    first.base_url = base_url.to_string();
+    config.cloud.upstreams.truncate(1);
+    Ok(())
+}
+
 /// Serve `node` on a free loopback port; its base URL.
 async fn serve(node: &std::sync::Arc<Node>) -> anyhow::Result<String> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -102,19 +121,8 @@ pub async fn run(config: Config, requests: u32) -> anyhow::Result<()> {
 
 /// What a hop to a peer adds to the time to first byte and the latency.
 async fn peer_hop(mut config: Config, requests: u32) -> anyhow::Result<()> {
-    let instant = Timing {
-        round_trip: Duration::ZERO,
-        server_ttft: Duration::ZERO,
-        tokens_per_s: 1e9,
-    };
-    let upstream = upstream::start(instant).await?;
-    let first = config
-        .cloud
-        .upstreams
-        .first_mut()
-        .context("the config has no cloud upstream to stand in for")?;
-    first.base_url = upstream.base_url.clone();
-    config.cloud.upstreams.truncate(1);
+    let upstream = upstream::start(INSTANT).await?;
+    only_upstream(&mut config, &upstream.base_url)?;
     config.local.embedding = None;
     let fleet = |name: &str, peers: Vec<crate::config::PeerConfig>| -> anyhow::Result<_> {
         let mut fleet: crate::config::FleetConfig = toml::from_str(&format!(
@@ -222,36 +230,13 @@ async fn cloud_call(mut config: Config, requests: u32) -> anyhow::Result<()> {
     if requests == 0 {
         bail!("--proxy-requests must be at least 1");
     }
-    let instant = Timing {
-        round_trip: Duration::ZERO,
-        server_ttft: Duration::ZERO,
-        tokens_per_s: 1e9,
-    };
     // One upstream for the direct calls, one for the node's, so each
     // counts only its own connections.
-    let direct = upstream::start(instant).await?;
-    let behind = upstream::start(instant).await?;
-    let upstream = config
-        .cloud
-        .upstreams
-        .first_mut()
-        .context("the config has no cloud upstream to stand in for")?;
-    upstream.base_url = behind.base_url.clone();
-    config.cloud.upstreams.truncate(1);
+    let direct = upstream::start(INSTANT).await?;
+    let behind = upstream::start(INSTANT).await?;
+    only_upstream(&mut config, &behind.base_url)?;
     let node = Node::start(config).await?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let node_url = format!("http://{}/v1/chat/completions", listener.local_addr()?);
-    let limits = crate::serve::ServeLimits {
-        max_connections: 1024,
-        header_read_timeout: Duration::from_secs(10),
-        shutdown_grace: Duration::from_secs(1),
-    };
-    tokio::spawn(crate::serve::serve(
-        listener,
-        crate::api::router(node.clone()),
-        limits,
-        std::future::pending(),
-    ));
+    let node_url = format!("{}/v1/chat/completions", serve(&node).await?);
     let direct_url = format!("{}/chat/completions", direct.base_url);
     let client = reqwest::Client::new();
 

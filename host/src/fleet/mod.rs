@@ -63,6 +63,14 @@ struct PeerState {
     down: bool,
 }
 
+impl PeerState {
+    /// A candidate: its last report is younger than `stale` and it has
+    /// not refused a connection since.
+    fn fresh(&self, stale: Duration) -> bool {
+        self.seen.elapsed() < stale && !self.down
+    }
+}
+
 /// The peers a request may go to, and the one the host would choose.
 #[derive(Debug, Clone, Default)]
 pub struct Candidates {
@@ -225,10 +233,8 @@ impl Fleet {
     ) -> Candidates {
         let stale = Duration::from_millis(self.config.stale_ms);
         let peers = self.peers();
-        let fresh: Vec<(&String, &PeerState)> = peers
-            .iter()
-            .filter(|(_, s)| s.seen.elapsed() < stale && !s.down)
-            .collect();
+        let fresh: Vec<(&String, &PeerState)> =
+            peers.iter().filter(|(_, s)| s.fresh(stale)).collect();
         let mut out = Candidates::default();
         let mut waits = Vec::new();
         for (name, state) in &fresh {
@@ -289,7 +295,7 @@ impl Fleet {
             .iter()
             .map(|(name, s)| PeerLoad {
                 name: name.clone(),
-                fresh: s.seen.elapsed() < stale && !s.down,
+                fresh: s.fresh(stale),
                 wait_ms: s.report.wait_ms,
                 open: s.open.load(Ordering::Relaxed),
             })
@@ -310,7 +316,7 @@ impl Fleet {
                     "full": s.report.full,
                     "open": s.open.load(Ordering::Relaxed),
                     "age_ms": s.seen.elapsed().as_millis() as u64,
-                    "fresh": s.seen.elapsed() < stale && !s.down,
+                    "fresh": s.fresh(stale),
                 })
             })
             .collect();

@@ -9,6 +9,11 @@
 # ${REDIS_PORT:-6390} with no persistence) and a shared token. A busy node
 # forwards what may leave it to the least loaded of two random peers; see
 # README "A fleet of nodes". Ctrl-C stops everything.
+#
+#   TEST_BACKEND=1 bash scripts/fleet.sh   # the paced TEST backend instead of
+#                                          # llama.cpp ([local.test_backend]):
+#                                          # placement without three models
+#                                          # fighting over the cores
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 TARGET="${CARGO_TARGET_DIR:-$HOME/.cache/edgeroute-target}"
@@ -39,6 +44,10 @@ node = "edge-$n"
 zone = "site-a"
 redis = "redis://127.0.0.1:$REDIS_PORT"
 TOML
+    if [[ -n "${TEST_BACKEND:-}" ]]; then
+        # The speeds `edgeroute bench` measured for one stream on one thread.
+        printf '\n[local.test_backend]\nprefill_tokens_per_s = 120.0\ndecode_tokens_per_s = 60.0\n' >>"$config"
+    fi
     "$BIN" up --config "$config" --listen "127.0.0.1:808$n" 2> >(sed "s/^/[edge-$n] /" >&2) &
     pids+=($!)
 done

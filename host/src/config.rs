@@ -68,10 +68,24 @@ pub struct FleetConfig {
     /// node's estimated wait is above this.
     #[serde(default = "FleetConfig::default_session_bound_ms")]
     pub session_bound_ms: u32,
+    /// How the peer is picked: `load-aware` (the power of two choices over
+    /// estimated waits that fit the budget, sessions to their home), or
+    /// `random` (any live peer, blind to load: the baseline `edgeroute
+    /// bench --fleet-loopback` compares against).
+    #[serde(default)]
+    pub choice: PeerChoice,
     /// The token itself, for nodes a program starts in-process (`edgeroute
     /// bench`); never read from a file.
     #[serde(skip)]
     pub token_value: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PeerChoice {
+    #[default]
+    LoadAware,
+    Random,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -288,6 +302,11 @@ pub struct LocalConfig {
     /// The sentence-embedding model: `/v1/embeddings`, and the prompt
     /// embedding a policy may ask for. None: neither is available.
     pub embedding: Option<EmbeddingConfig>,
+    /// A TEST backend instead of llama.cpp: each generation produces a
+    /// fixed, labelled text at these speeds (the model file is still read
+    /// for its tokenizer). For a fleet of nodes on one machine, where real
+    /// models would measure the shared CPU instead of the placement.
+    pub test_backend: Option<crate::nn::Pace>,
 }
 
 impl Default for LocalConfig {
@@ -300,6 +319,7 @@ impl Default for LocalConfig {
             kv_budget_tokens: 8192,
             models: Vec::new(),
             embedding: None,
+            test_backend: None,
         }
     }
 }
@@ -544,7 +564,8 @@ impl Config {
         }
     }
 
-    fn validate(&self) -> anyhow::Result<()> {
+    /// The checks `load` runs; again after command-line overrides.
+    pub fn validate(&self) -> anyhow::Result<()> {
         if self.local.max_concurrent == 0 {
             bail!("local.max_concurrent must be at least 1");
         }
@@ -557,6 +578,12 @@ impl Config {
         }
         if self.local.threads == 0 {
             bail!("local.threads must be at least 1");
+        }
+        if let Some(pace) = &self.local.test_backend {
+            let good = |x: f64| x.is_finite() && x > 0.0;
+            if !good(pace.prefill_tokens_per_s) || !good(pace.decode_tokens_per_s) {
+                bail!("local.test_backend: both speeds must be positive tokens per second");
+            }
         }
         if let Some(embedding) = &self.local.embedding
             && embedding.feature_tokens == 0
@@ -657,5 +684,30 @@ mod tests {
         let twice = "[[local.models]]\nname = \"a\"\npath = \"m.gguf\"\n[[cloud.upstreams]]\nname = \"a\"\nbase_url = \"http://127.0.0.1:1/v1\"\nmodel = \"m\"\n";
         let error = format!("{:#}", Config::parse(twice, Path::new("/etc")).unwrap_err());
         assert!(error.contains("'a' is used twice"), "{error}");
+    }
+
+    #[test]
+    fn the_test_backend_needs_positive_speeds_and_the_fleet_a_known_choice() {
+        let pace = |p: &str, d: &str| {
+            let toml = format!(
+                "[local.test_backend]\nprefill_tokens_per_s = {p}\ndecode_tokens_per_s = {d}\n"
+            );
+            Config::parse(&toml, Path::new(".")).map(|c| c.local.test_backend)
+        };
+        let paced = pace("120.0", "60.0").unwrap().unwrap();
+        assert_eq!(paced.decode_tokens_per_s, 60.0);
+        for (p, d) in [("0.0", "60.0"), ("120.0", "-1.0"), ("nan", "60.0")] {
+            let error = format!("{:#}", pace(p, d).unwrap_err());
+            assert!(error.contains("local.test_backend"), "{p}, {d}: {error}");
+        }
+        let fleet = |choice: &str| {
+            Config::parse(
+                &format!("[fleet]\nnode = \"a\"\nchoice = \"{choice}\"\n"),
+                Path::new("."),
+            )
+        };
+        let random = fleet("random").unwrap();
+        assert_eq!(random.fleet.unwrap().choice, PeerChoice::Random);
+        assert!(fleet("fastest").is_err());
     }
 }

@@ -93,6 +93,12 @@ impl Node {
             );
             models.push(loaded);
         }
+        if let Some(pace) = &config.local.test_backend {
+            eprintln!(
+                "WARNING: [local.test_backend] is set: local requests get a fixed test text at {} prompt and {} completion tokens/s; no model runs",
+                pace.prefill_tokens_per_s, pace.decode_tokens_per_s
+            );
+        }
         let embedder = match &config.local.embedding {
             Some(e) if !e.path.is_file() => {
                 if !e.optional {
@@ -130,6 +136,7 @@ impl Node {
             crate::nn::BatchParams {
                 width: config.local.max_concurrent,
                 kv_budget_tokens: config.local.kv_budget_tokens,
+                paced: config.local.test_backend,
             },
         )?;
         let cloud = CloudTarget::new(

@@ -268,3 +268,61 @@ fn forwarding_is_authenticated_never_repeated_and_fails_cleanly() {
     assert_eq!(resp.target(), Some("cloud:frontier"), "{resp:?}");
     assert_eq!(cloud.chat_requests().len(), 2, "{}", cloud.describe());
 }
+
+/// The test backend the loopback fleet benchmark runs: the real tokenizer
+/// and worker, a fixed labelled text at the configured speeds, and a node
+/// that says it runs no model.
+#[test]
+fn the_paced_test_backend_streams_its_labelled_text_no_faster_than_its_pace() {
+    let cloud = FakeCloud::start();
+    let node = EDGEROUTE
+        .node(&cloud)
+        .embedding(false)
+        .config_extra(
+            "[local.test_backend]\nprefill_tokens_per_s = 1000.0\ndecode_tokens_per_s = 40.0\n",
+        )
+        .start();
+    let health = node.get("/healthz").json();
+    assert_eq!(
+        health["local_backend"], "test (paced, no model)",
+        "{health}"
+    );
+    let t0 = Instant::now();
+    let resp = node.post_chat(
+        json!({
+            "model": "auto",
+            "messages": [{"role": "user", "content": "Say hello."}],
+            "max_tokens": 20,
+            "stream": true,
+            "stream_options": {"include_usage": true},
+        }),
+        &[],
+    );
+    let took = t0.elapsed();
+    assert_eq!(resp.status, 200, "{resp:?}");
+    assert!(
+        resp.target().is_some_and(|t| t.starts_with("local")),
+        "{resp:?}"
+    );
+    let stream = resp.stream();
+    assert!(stream.errors.is_empty(), "{stream:?}");
+    assert!(
+        stream
+            .text
+            .starts_with("[paced test backend: not a model's answer]"),
+        "{stream:?}"
+    );
+    assert_eq!(
+        stream.finish_reason.as_deref(),
+        Some("length"),
+        "{stream:?}"
+    );
+    let usage = stream.usage.clone().expect("usage in the last chunk");
+    assert_eq!(usage["completion_tokens"], 20, "{usage}");
+    // 20 tokens at 40/s: the pace is a floor, however fast the machine.
+    assert!(
+        took >= Duration::from_millis(19 * 1000 / 40),
+        "20 tokens at 40/s came in {took:?}"
+    );
+    assert!(cloud.chat_requests().is_empty(), "{}", cloud.describe());
+}

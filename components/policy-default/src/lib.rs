@@ -7,10 +7,11 @@
 //!     prefix cache already holds all but a short part of it (an agent's
 //!     next call);
 //!  3. load: when the local queue's wait exceeds the latency budget (or
-//!     `spill_wait_ms` without one), the request spills to the cloud;
+//!     `spill_wait_ms` without one), the request spills: to the peer of the
+//!     fleet the host picked (its wait fits the budget), else the cloud;
 //!  4. budget: when the host's estimate of the local run does not fit the
 //!     client's latency budget (time to first token when streaming, the
-//!     whole answer otherwise), the cloud;
+//!     whole answer otherwise), it spills the same way;
 //!  5. the middle band of prompt length runs as a confidence cascade: the
 //!     local model answers, and the host escalates to the cloud when the
 //!     answer's confidence is below `cascade_min_confidence`;
@@ -245,10 +246,10 @@ fn decide(config: &Config, features: &Features) -> Decision {
             (estimate.total_ms, "answer")
         };
         if expected > budget {
-            return decision(
-                cloud(),
-                format!("local {what} in ~{expected} ms > budget {budget} ms: cloud"),
-            );
+            // The estimate counts the local wait; a peer's pick has less.
+            return spill(format!(
+                "local {what} in ~{expected} ms > budget {budget} ms"
+            ));
         }
     }
     if in_cascade_band {

@@ -43,6 +43,21 @@ impl Ewma {
 /// The weight of a new sample in every estimate of the node.
 pub const ALPHA: f64 = 0.2;
 
+/// How long a request arriving now waits for one of `slots` generation
+/// slots when `depth` requests are waiting or running and a generation
+/// takes `service_ms` on average: none while a slot is free, else one
+/// slot-freeing interval (`service_ms / slots`, the mean time until the
+/// first of `slots` running generations ends when their lengths are
+/// memoryless) for itself and each request queued ahead of it. Used by the
+/// node for its own wait and by the fleet simulation, so both agree.
+pub fn queue_wait_ms(depth: u32, slots: u32, service_ms: f64) -> f64 {
+    let slots = slots.max(1);
+    if depth < slots {
+        return 0.0;
+    }
+    f64::from(depth - slots + 1) * service_ms.max(0.0) / f64::from(slots)
+}
+
 /// A target's predicted latency for one request, in milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -118,6 +133,21 @@ impl Speed {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_slot_frees_every_generation_over_the_slots_once_all_are_busy() {
+        // A free slot: no wait, however slow a generation is.
+        assert_eq!(queue_wait_ms(3, 4, 2000.0), 0.0);
+        // All four busy: the first of them ends in 2000 / 4 on average.
+        assert_eq!(queue_wait_ms(4, 4, 2000.0), 500.0);
+        // Two more queued ahead: two more such intervals.
+        assert_eq!(queue_wait_ms(6, 4, 2000.0), 1500.0);
+        // One slot, or none configured: a whole generation per request.
+        assert_eq!(queue_wait_ms(2, 1, 800.0), 1600.0);
+        assert_eq!(queue_wait_ms(2, 0, 800.0), 1600.0);
+        // Nothing measured yet (or nonsense): no wait.
+        assert_eq!(queue_wait_ms(9, 2, -1.0), 0.0);
+    }
 
     #[test]
     fn ewma_follows_recent_samples_and_ignores_nonsense() {

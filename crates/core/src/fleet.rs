@@ -54,11 +54,21 @@ impl PeakEwma {
 }
 
 /// A peer's wait as this node estimates it: what the peer last reported
-/// (up to a report interval old), plus the requests this node forwarded
-/// to it that are still open (a stream counts until it ends), each taking
-/// one peak-EWMA service time on one of the peer's `slots`.
-pub fn estimated_wait_ms(reported_wait_ms: f64, open: u32, peak_ms: f64, slots: u32) -> f64 {
-    reported_wait_ms.max(0.0) + f64::from(open) * peak_ms / f64::from(slots.max(1))
+/// (up to a report interval old), plus what the requests this node
+/// forwarded to it since that report and still open add (the report
+/// cannot count them; a stream counts until it ends). They join the
+/// `depth` the peer reported, on its `slots`, each taking `service_ms`:
+/// one that finds a free slot adds nothing, one that queues adds one
+/// slot-freeing interval (`estimate::queue_wait_ms`).
+pub fn estimated_wait_ms(
+    reported_wait_ms: f64,
+    depth: u32,
+    unreported: u32,
+    slots: u32,
+    service_ms: f64,
+) -> f64 {
+    let queued = |d: u32| crate::estimate::queue_wait_ms(d, slots, service_ms);
+    reported_wait_ms.max(0.0) + queued(depth.saturating_add(unreported)) - queued(depth)
 }
 
 /// Power of two choices: two candidates at random, the one with the lower
@@ -214,10 +224,19 @@ mod tests {
     }
 
     #[test]
-    fn open_requests_add_to_the_reported_wait() {
-        assert_eq!(estimated_wait_ms(200.0, 0, 800.0, 4), 200.0);
-        assert_eq!(estimated_wait_ms(200.0, 2, 800.0, 4), 600.0);
-        assert_eq!(estimated_wait_ms(-5.0, 1, 800.0, 0), 800.0);
+    fn unreported_requests_add_only_the_queueing_they_cause() {
+        // Nothing sent since the report: the report.
+        assert_eq!(estimated_wait_ms(200.0, 5, 0, 4, 800.0), 200.0);
+        // Two sent to a peer running one of four: a newcomer still finds
+        // a free slot.
+        assert_eq!(estimated_wait_ms(0.0, 1, 2, 4, 800.0), 0.0);
+        // Three sent to one running three: six in four slots, so a
+        // newcomer waits three slot-freeing intervals (800 / 4 each).
+        assert_eq!(estimated_wait_ms(0.0, 3, 3, 4, 800.0), 600.0);
+        // Already queueing: each one adds an interval on top of the report.
+        assert_eq!(estimated_wait_ms(400.0, 6, 2, 4, 800.0), 800.0);
+        // No slots reported counts as one; a negative report as none.
+        assert_eq!(estimated_wait_ms(-5.0, 0, 2, 0, 800.0), 1600.0);
     }
 
     #[test]

@@ -150,6 +150,8 @@ async fn healthz(State(node): State<Arc<Node>>) -> Json<serde_json::Value> {
         "policy_needs": if node.policy.current().needs.embedding { vec!["embedding"] } else { vec![] },
         "embedding_model": node.embedder.as_ref().map(|e| e.name.clone()),
         "local_models": node.local.model_names(),
+        // "llama.cpp", or the paced TEST backend, which runs no model.
+        "local_backend": if node.config.local.test_backend.is_some() { "test (paced, no model)" } else { "llama.cpp" },
         "local_queue_depth": node.local.queue_depth(),
         "local_running": node.local.running(),
         // Idle sequences kept for prefix reuse, per model.

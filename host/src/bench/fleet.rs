@@ -22,6 +22,7 @@
 //!   there (it is never forwarded twice).
 
 use crate::report::svg::{self, Series};
+use edgeroute_core::estimate::queue_wait_ms;
 use edgeroute_core::fleet::{self, Ask, Candidate};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -38,19 +39,27 @@ const FORWARD_MS: f64 = 1.5;
 const CLOUD_MS: f64 = 300.0 + 1500.0;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
+pub(super) enum Mode {
     Isolated,
     RandomPeer,
     LoadAware,
 }
 
 impl Mode {
-    const ALL: [Mode; 3] = [Mode::Isolated, Mode::RandomPeer, Mode::LoadAware];
+    pub(super) const ALL: [Mode; 3] = [Mode::Isolated, Mode::RandomPeer, Mode::LoadAware];
 
-    fn name(self) -> &'static str {
+    pub(super) fn name(self) -> &'static str {
         match self {
             Mode::Isolated => "isolated",
             Mode::RandomPeer => "random peer",
+            Mode::LoadAware => "load-aware",
+        }
+    }
+
+    pub(super) fn slug(self) -> &'static str {
+        match self {
+            Mode::Isolated => "isolated",
+            Mode::RandomPeer => "random",
             Mode::LoadAware => "load-aware",
         }
     }
@@ -93,8 +102,16 @@ impl Result {
     }
 }
 
+/// Skewed load: even-numbered nodes get 1.5× `mean` (per ms), odd ones
+/// 0.5×.
+pub(super) fn skewed_rates(nodes: usize, mean: f64) -> Vec<f64> {
+    (0..nodes)
+        .map(|i| mean * if i % 2 == 0 { 1.5 } else { 0.5 })
+        .collect()
+}
+
 /// xorshift64*: a reproducible stream for the simulation.
-struct Rng(u64);
+pub(super) struct Rng(pub(super) u64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
@@ -103,10 +120,10 @@ impl Rng {
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
-    fn unit(&mut self) -> f64 {
+    pub(super) fn unit(&mut self) -> f64 {
         ((self.next() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
     }
-    fn exp(&mut self, mean: f64) -> f64 {
+    pub(super) fn exp(&mut self, mean: f64) -> f64 {
         -mean * self.unit().ln()
     }
     fn below(&mut self, n: usize) -> usize {
@@ -125,10 +142,13 @@ enum Kind {
         peer: usize,
         /// When it arrived at its origin, in µs of virtual time.
         arrived_us: u64,
+        /// The peer's reports published when it was sent.
+        after: u64,
     },
     Done {
         node: usize,
         origin: usize,
+        after: u64,
     },
     Report {
         node: usize,
@@ -138,15 +158,19 @@ enum Kind {
 struct Queued {
     arrived: f64,
     origin: usize,
+    after: u64,
 }
 
 #[derive(Default)]
 struct NodeState {
     running: u32,
     queue: VecDeque<Queued>,
-    /// The last report: wait and whether it was full.
+    /// The last report: wait, depth and whether it was full.
     reported_wait: f64,
+    reported_depth: u32,
     reported_full: bool,
+    /// Reports published so far.
+    reports: u64,
 }
 
 impl NodeState {
@@ -154,14 +178,9 @@ impl NodeState {
         self.running + self.queue.len() as u32
     }
 
-    /// The host's own formula (`LocalTarget::wait_ms`).
+    /// The host's own estimate (`LocalTarget::wait_ms`).
     fn wait_ms(&self) -> f64 {
-        let depth = self.depth();
-        if depth < SLOTS {
-            return 0.0;
-        }
-        let rounds = (depth - SLOTS) / SLOTS + 1;
-        SERVICE_MS * f64::from(rounds)
+        queue_wait_ms(self.depth(), SLOTS, SERVICE_MS)
     }
 }
 
@@ -173,8 +192,9 @@ struct Sim {
     events: BinaryHeap<Reverse<(u64, u64, Kind)>>,
     seq: u64,
     nodes: Vec<NodeState>,
-    /// Requests `origin` forwarded to `peer` that have not ended.
-    open: Vec<u32>,
+    /// Requests `origin` forwarded to `peer` since `peer`'s last report
+    /// that have not ended (what the host adds to a reported wait).
+    unreported: Vec<u32>,
     rates: Vec<f64>,
     result: Result,
     counting: bool,
@@ -184,9 +204,7 @@ impl Sim {
     fn new(s: Scenario, mode: Mode, seed: u64) -> Self {
         let n = s.nodes;
         let mean_rate = s.utilisation * f64::from(SLOTS) / SERVICE_MS;
-        let rates = (0..n)
-            .map(|i| mean_rate * if i % 2 == 0 { 1.5 } else { 0.5 })
-            .collect();
+        let rates = skewed_rates(n, mean_rate);
         let mut sim = Sim {
             s,
             mode,
@@ -195,7 +213,7 @@ impl Sim {
             events: BinaryHeap::new(),
             seq: 0,
             nodes: (0..n).map(|_| NodeState::default()).collect(),
-            open: vec![0; n * n],
+            unreported: vec![0; n * n],
             rates,
             result: Result::default(),
             counting: false,
@@ -237,15 +255,26 @@ impl Sim {
                     origin,
                     peer,
                     arrived_us,
-                } => self.reach_peer(origin, peer, arrived_us as f64 / 1000.0),
-                Kind::Done { node, origin } => self.done(node, origin),
+                    after,
+                } => self.reach_peer(origin, peer, arrived_us as f64 / 1000.0, after),
+                Kind::Done {
+                    node,
+                    origin,
+                    after,
+                } => self.done(node, origin, after),
                 Kind::Report { node } => {
                     let (wait, full) = (
                         self.nodes[node].wait_ms(),
                         self.nodes[node].depth() >= MAX_QUEUE,
                     );
                     self.nodes[node].reported_wait = wait;
+                    self.nodes[node].reported_depth = self.nodes[node].depth();
                     self.nodes[node].reported_full = full;
+                    self.nodes[node].reports += 1;
+                    let n = self.s.nodes;
+                    for origin in 0..n {
+                        self.unreported[origin * n + node] = 0;
+                    }
                     let next = self.now + self.s.stale_ms;
                     self.at(next, Kind::Report { node });
                 }
@@ -254,13 +283,14 @@ impl Sim {
         self.result
     }
 
-    /// The view a node has of a peer: live when reports are instant.
-    fn reported(&self, peer: usize) -> (f64, bool) {
+    /// The view a node has of a peer (wait, depth, full): live when
+    /// reports are instant.
+    fn reported(&self, peer: usize) -> (f64, u32, bool) {
         let p = &self.nodes[peer];
         if self.s.stale_ms > 0.0 {
-            (p.reported_wait, p.reported_full)
+            (p.reported_wait, p.reported_depth, p.reported_full)
         } else {
-            (p.wait_ms(), p.depth() >= MAX_QUEUE)
+            (p.wait_ms(), p.depth(), p.depth() >= MAX_QUEUE)
         }
     }
 
@@ -273,7 +303,7 @@ impl Sim {
         let here = &self.nodes[node];
         let fits = here.depth() < MAX_QUEUE;
         if fits && (restricted || here.wait_ms() <= self.s.budget_ms) {
-            return self.admit(node, node, self.now);
+            return self.admit(node, node, self.now, 0);
         }
         if restricted {
             if self.counting {
@@ -283,17 +313,19 @@ impl Sim {
         }
         match self.choose_peer(node) {
             Some(peer) => {
-                self.open[node * self.s.nodes + peer] += 1;
+                self.unreported[node * self.s.nodes + peer] += 1;
                 if self.counting {
                     self.result.forwarded += 1;
                 }
                 let arrived_us = (self.now * 1000.0) as u64;
+                let after = self.nodes[peer].reports;
                 self.at(
                     self.now + FORWARD_MS,
                     Kind::Forwarded {
                         origin: node,
                         peer,
                         arrived_us,
+                        after,
                     },
                 );
             }
@@ -316,19 +348,21 @@ impl Sim {
                 let mut index = Vec::with_capacity(n);
                 let mut waits = Vec::with_capacity(n);
                 for p in (0..n).filter(|&p| p != node) {
-                    let (wait, full) = self.reported(p);
+                    let (wait, depth, full) = self.reported(p);
                     if full {
                         continue;
                     }
                     // With live reports the peer's wait already counts
                     // what this node sent it.
-                    let open = if self.s.stale_ms > 0.0 {
-                        self.open[node * n + p]
+                    let unreported = if self.s.stale_ms > 0.0 {
+                        self.unreported[node * n + p]
                     } else {
                         0
                     };
                     index.push(p);
-                    waits.push(fleet::estimated_wait_ms(wait, open, SERVICE_MS, SLOTS));
+                    waits.push(fleet::estimated_wait_ms(
+                        wait, depth, unreported, SLOTS, SERVICE_MS,
+                    ));
                 }
                 let names: Vec<String> = index.iter().map(|p| p.to_string()).collect();
                 let candidates: Vec<Candidate> = names
@@ -346,13 +380,13 @@ impl Sim {
         }
     }
 
-    fn reach_peer(&mut self, origin: usize, peer: usize, arrived: f64) {
+    fn reach_peer(&mut self, origin: usize, peer: usize, arrived: f64, after: u64) {
         let there = &self.nodes[peer];
         if there.depth() < MAX_QUEUE && there.wait_ms() <= self.s.budget_ms {
-            self.admit(peer, origin, arrived);
+            self.admit(peer, origin, arrived, after);
         } else {
             // The peer's own policy spills it; it is not forwarded again.
-            self.open[origin * self.s.nodes + peer] -= 1;
+            self.ended(origin, peer, after);
             if self.counting {
                 self.result.bounced += 1;
             }
@@ -367,31 +401,51 @@ impl Sim {
         }
     }
 
-    fn admit(&mut self, node: usize, origin: usize, arrived: f64) {
+    fn admit(&mut self, node: usize, origin: usize, arrived: f64, after: u64) {
         let state = &mut self.nodes[node];
         if state.running < SLOTS {
             state.running += 1;
-            self.start(node, origin, arrived);
+            self.start(node, origin, arrived, after);
         } else {
-            state.queue.push_back(Queued { arrived, origin });
+            state.queue.push_back(Queued {
+                arrived,
+                origin,
+                after,
+            });
         }
     }
 
-    fn start(&mut self, node: usize, origin: usize, arrived: f64) {
+    fn start(&mut self, node: usize, origin: usize, arrived: f64, after: u64) {
         let service = self.rng.exp(SERVICE_MS);
         let end = self.now + service;
         if self.counting {
             self.result.latencies.push(end - arrived);
         }
-        self.at(end, Kind::Done { node, origin });
+        self.at(
+            end,
+            Kind::Done {
+                node,
+                origin,
+                after,
+            },
+        );
     }
 
-    fn done(&mut self, node: usize, origin: usize) {
+    /// A request `origin` forwarded to `peer` ended: it leaves the
+    /// unreported count unless a report since has counted it.
+    fn ended(&mut self, origin: usize, peer: usize, after: u64) {
+        if self.nodes[peer].reports == after {
+            let i = origin * self.s.nodes + peer;
+            self.unreported[i] = self.unreported[i].saturating_sub(1);
+        }
+    }
+
+    fn done(&mut self, node: usize, origin: usize, after: u64) {
         if origin != node {
-            self.open[origin * self.s.nodes + node] -= 1;
+            self.ended(origin, node, after);
         }
         match self.nodes[node].queue.pop_front() {
-            Some(next) => self.start(node, next.origin, next.arrived),
+            Some(next) => self.start(node, next.origin, next.arrived, next.after),
             None => self.nodes[node].running -= 1,
         }
     }
@@ -522,6 +576,7 @@ fn decision_cost() -> anyhow::Result<()> {
             running: 4,
             full: i % 7 == 0,
             slots: 4,
+            service_ms: 2500,
             kv_free_tokens: 4096,
             models: vec!["smollm2".into()],
             at_ms: 0,

@@ -11,6 +11,7 @@ mod chain;
 mod detection;
 mod embedding;
 mod fleet;
+mod fleet_loopback;
 mod observability;
 mod proxy;
 mod upstream;
@@ -70,6 +71,15 @@ pub struct Options {
     /// Where to write the spillover-against-utilisation plot (SVG).
     #[arg(long)]
     pub fleet_plot: Option<std::path::PathBuf>,
+    /// Only the fleet on loopback: three nodes in this process with Redis
+    /// (`redis-server` on the PATH) and the paced test backend, isolated
+    /// against random peer against load-aware on the same arrivals.
+    #[arg(long)]
+    pub fleet_loopback: bool,
+    /// Requests per fleet in `--fleet-loopback` (after a tenth more as
+    /// warm-up); about 15 s of traffic per 100.
+    #[arg(long, default_value_t = 600)]
+    pub fleet_loopback_requests: usize,
     /// Run only the detection benchmark.
     #[arg(long)]
     pub detection_only: bool,
@@ -270,6 +280,9 @@ pub async fn run(mut config: Config, options: Options) -> anyhow::Result<()> {
     let threads = config.local.threads;
     if options.fleet_only {
         return fleet::run(options.fleet_plot.as_deref(), options.fleet_requests);
+    }
+    if options.fleet_loopback {
+        return fleet_loopback::run(config, options.fleet_loopback_requests).await;
     }
     if options.proxy_only {
         // Its own node, whose upstream is the benchmark's.

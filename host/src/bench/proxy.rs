@@ -85,7 +85,7 @@ const INSTANT: Timing = Timing {
 };
 
 /// The config's first upstream, pointed at `base_url`, is its only one.
-fn only_upstream(config: &mut Config, base_url: &str) -> anyhow::Result<()> {
+pub(super) fn only_upstream(config: &mut Config, base_url: &str) -> anyhow::Result<()> {
     let first = config
         .cloud
         .upstreams
@@ -100,6 +100,16 @@ fn only_upstream(config: &mut Config, base_url: &str) -> anyhow::Result<()> {
 async fn serve(node: &std::sync::Arc<Node>) -> anyhow::Result<String> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
+    serve_on(listener, node, std::future::pending());
+    Ok(url)
+}
+
+/// Serve `node` on `listener` until `shutdown`.
+pub(super) fn serve_on(
+    listener: tokio::net::TcpListener,
+    node: &std::sync::Arc<Node>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) {
     let limits = crate::serve::ServeLimits {
         max_connections: 1024,
         header_read_timeout: Duration::from_secs(10),
@@ -109,9 +119,8 @@ async fn serve(node: &std::sync::Arc<Node>) -> anyhow::Result<String> {
         listener,
         crate::api::router(node.clone()),
         limits,
-        std::future::pending(),
+        shutdown,
     ));
-    Ok(url)
 }
 
 pub async fn run(config: Config, requests: u32) -> anyhow::Result<()> {

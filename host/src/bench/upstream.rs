@@ -12,8 +12,8 @@ use axum::serve::ListenerExt;
 use serde_json::{Value, json};
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -32,6 +32,14 @@ pub struct Simulated {
     pub base_url: String,
     /// TCP connections accepted so far.
     pub connections: Arc<AtomicUsize>,
+    /// Every chat request's body, in arrival order: what left the nodes.
+    pub received: Arc<Mutex<Vec<Bytes>>>,
+}
+
+#[derive(Clone)]
+struct Upstream {
+    timing: Timing,
+    received: Arc<Mutex<Vec<Bytes>>>,
 }
 
 /// Serve on a free loopback port.
@@ -46,19 +54,30 @@ pub async fn start(timing: Timing) -> anyhow::Result<Simulated> {
         // for Nagle and the client's delayed ACK.
         let _ = tcp.set_nodelay(true);
     });
+    let received = Arc::new(Mutex::new(Vec::new()));
     let app = Router::new()
         .route("/v1/chat/completions", post(chat))
-        .with_state(timing);
+        .with_state(Upstream {
+            timing,
+            received: received.clone(),
+        });
     tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
     Ok(Simulated {
         base_url: format!("http://{addr}/v1"),
         connections,
+        received,
     })
 }
 
-async fn chat(State(timing): State<Timing>, body: Bytes) -> Response {
+async fn chat(State(upstream): State<Upstream>, body: Bytes) -> Response {
+    let timing = upstream.timing;
+    upstream
+        .received
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(body.clone());
     let request: Value = serde_json::from_slice(&body).unwrap_or_default();
     let tokens = request["max_tokens"].as_u64().unwrap_or(16).clamp(1, 4096) as usize;
     let stream = request["stream"].as_bool().unwrap_or(false);

@@ -11,14 +11,14 @@
 mod forward;
 pub mod sync;
 
-use crate::config::FleetConfig;
+use crate::config::{FleetConfig, PeerChoice};
 use crate::egress::EgressAudit;
 use edgeroute_core::fleet::{self, Ask, Candidate, PeakEwma};
 use edgeroute_core::guard::{Facts, PeerView};
 use edgeroute_core::{PeerFeature, Sensitivity};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -42,6 +42,9 @@ pub struct Report {
     pub full: bool,
     /// Generations it runs at once (its batch width).
     pub slots: u32,
+    /// Its measured time of one generation (0: none measured yet).
+    #[serde(default)]
+    pub service_ms: u32,
     /// KV cells not in use by running generations.
     pub kv_free_tokens: u32,
     pub models: Vec<String>,
@@ -58,7 +61,7 @@ struct PeerState {
     /// Peak-EWMA of the time a forwarded request took there.
     service: PeakEwma,
     /// Requests this node forwarded there that have not ended.
-    open: Arc<AtomicU32>,
+    forwarded: Arc<Forwarded>,
     /// It refused a connection: not a candidate until its next report.
     down: bool,
 }
@@ -101,13 +104,54 @@ pub struct Fleet {
     random: Mutex<u64>,
 }
 
+/// The requests this node has open at one peer.
+#[derive(Default)]
+struct Forwarded {
+    /// All of them (`/metrics`).
+    open: AtomicU32,
+    /// Those sent since the peer's last report: the report does not count
+    /// them yet, so the wait estimate adds them (the others are in it).
+    unreported: AtomicU32,
+    /// Reports taken from the peer so far: which report a request followed.
+    reports: AtomicU64,
+}
+
+impl Forwarded {
+    fn report_taken(&self) {
+        self.reports.fetch_add(1, Ordering::Relaxed);
+        self.unreported.store(0, Ordering::Relaxed);
+    }
+}
+
 /// A forwarded request that has not ended: it counts in its peer's load
-/// until dropped (a stream, until its last byte).
-pub struct Open(Arc<AtomicU32>);
+/// until dropped (a stream, until its last byte), and in this node's
+/// estimate of the peer's wait until the peer reports again.
+pub struct Open {
+    forwarded: Arc<Forwarded>,
+    /// `reports` when it was sent.
+    after: u64,
+}
+
+impl Open {
+    fn new(forwarded: &Arc<Forwarded>) -> Self {
+        forwarded.open.fetch_add(1, Ordering::Relaxed);
+        forwarded.unreported.fetch_add(1, Ordering::Relaxed);
+        Self {
+            forwarded: forwarded.clone(),
+            after: forwarded.reports.load(Ordering::Relaxed),
+        }
+    }
+}
 
 impl Drop for Open {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        let f = &self.forwarded;
+        f.open.fetch_sub(1, Ordering::Relaxed);
+        if f.reports.load(Ordering::Relaxed) == self.after {
+            let _ = f
+                .unreported
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        }
     }
 }
 
@@ -174,9 +218,14 @@ impl Fleet {
                 report: report.clone(),
                 seen: Instant::now(),
                 service: PeakEwma::new(DEFAULT_SERVICE_MS, SERVICE_DECAY_MS, now),
-                open: Arc::default(),
+                forwarded: Arc::default(),
                 down: false,
             });
+        // The store is read every report_ms whether or not the peer wrote
+        // since: only a new report counts what was sent before it.
+        if state.report.at_ms != report.at_ms {
+            state.forwarded.report_taken();
+        }
         state.report = report;
         state.seen = Instant::now();
         state.down = false;
@@ -193,9 +242,8 @@ impl Fleet {
     fn open(&self, name: &str) -> Option<(Open, String, bool)> {
         let peers = self.peers();
         let state = peers.get(name)?;
-        state.open.fetch_add(1, Ordering::Relaxed);
         Some((
-            Open(state.open.clone()),
+            Open::new(&state.forwarded),
             state.report.url.clone(),
             state.report.zone == self.config.zone,
         ))
@@ -245,11 +293,18 @@ impl Fleet {
             if state.report.full || !facts.may_go_to(&view) {
                 continue;
             }
+            // The peer's own generation time once it has measured one;
+            // until then the peak-EWMA of what it took for this node.
+            let service = match state.report.service_ms {
+                0 => state.service.get(),
+                ms => f64::from(ms),
+            };
             let wait = fleet::estimated_wait_ms(
                 f64::from(state.report.wait_ms),
-                state.open.load(Ordering::Relaxed),
-                state.service.get(),
+                state.report.queue,
+                state.forwarded.unreported.load(Ordering::Relaxed),
                 state.report.slots,
+                service,
             );
             waits.push(wait);
             out.features.push(PeerFeature {
@@ -278,7 +333,11 @@ impl Fleet {
             session_bound_ms: f64::from(self.config.session_bound_ms),
         };
         let home = fleet::session_home(&ask, &candidates);
-        let pick = fleet::choose(&ask, &candidates, &mut |n| self.random(n));
+        let pick = match self.config.choice {
+            PeerChoice::LoadAware => fleet::choose(&ask, &candidates, &mut |n| self.random(n)),
+            PeerChoice::Random if candidates.is_empty() => None,
+            PeerChoice::Random => Some(self.random(candidates.len())),
+        };
         let pick = pick.map(|i| candidates[i].name.to_string());
         drop(candidates);
         if let Some(home) = home {
@@ -297,7 +356,7 @@ impl Fleet {
                 name: name.clone(),
                 fresh: s.fresh(stale),
                 wait_ms: s.report.wait_ms,
-                open: s.open.load(Ordering::Relaxed),
+                open: s.forwarded.open.load(Ordering::Relaxed),
             })
             .collect()
     }
@@ -314,7 +373,7 @@ impl Fleet {
                     "zone": s.report.zone,
                     "wait_ms": s.report.wait_ms,
                     "full": s.report.full,
-                    "open": s.open.load(Ordering::Relaxed),
+                    "open": s.forwarded.open.load(Ordering::Relaxed),
                     "age_ms": s.seen.elapsed().as_millis() as u64,
                     "fresh": s.fresh(stale),
                 })

@@ -31,6 +31,7 @@ pub fn own_report(node: &Node, fleet: &Fleet) -> Report {
         running: local.running(),
         full: local.queue_depth() >= node.config.local.max_queue,
         slots: node.config.local.max_concurrent,
+        service_ms: local.service_ms().unwrap_or(0.0).round() as u32,
         kv_free_tokens,
         models,
         at_ms: crate::audit::now_ms(),

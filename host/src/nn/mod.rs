@@ -5,6 +5,7 @@ mod backend;
 pub mod decoding;
 pub mod embed;
 pub mod engine;
+mod paced;
 pub mod prefix;
 pub mod scheduler;
 
@@ -17,6 +18,7 @@ use std::sync::{Arc, Mutex};
 use wasmtime_wasi_nn::wit::WasiNnCtx;
 
 pub use decoding::Decoding;
+pub use paced::Pace;
 pub use prefix::CacheScope;
 pub use scheduler::{BatchLoad, BatchParams, Scheduler};
 

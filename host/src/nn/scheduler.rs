@@ -17,6 +17,7 @@
 
 use super::decoding::Decoding;
 use super::engine::{Finish, LoadedModel, PREFILL_CHUNK, Sampled, Sampling, Step, backend, ms};
+use super::paced::{self, Pace};
 use super::prefix::{CacheScope, Idle, PrefixCache};
 use anyhow::{Context, anyhow, bail};
 use edgeroute_core::Confidence;
@@ -38,6 +39,8 @@ pub struct BatchParams {
     pub width: u32,
     /// KV cells shared by running and idle sequences.
     pub kv_budget_tokens: u32,
+    /// Run the paced test backend instead of llama.cpp (`paced.rs`).
+    pub paced: Option<Pace>,
 }
 
 /// Finished sequences kept for prefix reuse, beyond the running ones. Each
@@ -54,25 +57,25 @@ pub struct Scheduler {
 }
 
 /// What the scheduler thread publishes for the router and the metrics.
-struct Shared {
+pub(super) struct Shared {
     idle: Mutex<PrefixCache<i32>>,
-    running: AtomicU32,
-    waiting: AtomicU32,
+    pub(super) running: AtomicU32,
+    pub(super) waiting: AtomicU32,
     /// Cells reserved by running sequences plus cells held by idle ones.
     kv_used: AtomicU32,
 }
 
-struct Submit {
-    tokens: Vec<LlamaToken>,
+pub(super) struct Submit {
+    pub(super) tokens: Vec<LlamaToken>,
     sampling: Sampling,
     decoding: Decoding,
-    max_tokens: u32,
+    pub(super) max_tokens: u32,
     scope: Option<CacheScope>,
-    events: Sender<Event>,
-    cancelled: Arc<AtomicBool>,
+    pub(super) events: Sender<Event>,
+    pub(super) cancelled: Arc<AtomicBool>,
 }
 
-enum Event {
+pub(super) enum Event {
     /// The sequence holds cells now; `reused` prompt tokens came from an
     /// idle sequence.
     Admitted {
@@ -118,13 +121,20 @@ impl Scheduler {
         let (inbox, requests) = mpsc::channel();
         let (ready_tx, ready) = mpsc::sync_channel(1);
         let (thread_model, thread_shared) = (model.clone(), shared.clone());
-        std::thread::Builder::new()
-            .name(format!("batch-{}", model.name))
-            .spawn(move || run(thread_model, params, requests, thread_shared, ready_tx))
-            .context("cannot start the batch scheduler thread")?;
-        ready
-            .recv()
-            .map_err(|_| anyhow!("the batch scheduler thread ended at start"))??;
+        let thread = std::thread::Builder::new().name(format!("batch-{}", model.name));
+        if let Some(pace) = params.paced {
+            let width = params.width as usize;
+            thread
+                .spawn(move || paced::run(thread_model, width, pace, requests, thread_shared))
+                .context("cannot start the paced test backend's thread")?;
+        } else {
+            thread
+                .spawn(move || run(thread_model, params, requests, thread_shared, ready_tx))
+                .context("cannot start the batch scheduler thread")?;
+            ready
+                .recv()
+                .map_err(|_| anyhow!("the batch scheduler thread ended at start"))??;
+        }
         Ok(Self {
             model,
             inbox: Mutex::new(inbox),

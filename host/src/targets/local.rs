@@ -9,7 +9,7 @@ use crate::nn::{self, BatchLoad, BatchParams, CacheScope, LoadedModel, ModelRegi
 use crate::runtime::roles::local_worker::{self, LocalState};
 use crate::runtime::roles::{self, Role};
 use crate::runtime::{self, NO_DEADLINE, Sink};
-use edgeroute_core::estimate::{ALPHA, Ewma};
+use edgeroute_core::estimate::{ALPHA, Ewma, queue_wait_ms};
 use edgeroute_core::{Estimate, Features};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -99,25 +99,26 @@ impl LocalTarget {
         self.max_concurrent - self.running.available_permits() as u32
     }
 
-    /// How long a request arriving now would wait for a generation slot:
-    /// none while a slot is free and no request waits for KV cells, else
-    /// one mean generation per round of `max_concurrent` requests ahead of
-    /// it (pessimistic: the running ones are counted as if they had just
-    /// started). A policy that sees it can send a request that may leave
-    /// to the cloud instead of waiting.
+    /// How long a request arriving now would wait for a generation slot
+    /// (`edgeroute_core::estimate::queue_wait_ms` over the requests ahead
+    /// of it and the measured generation time); a request waiting for KV
+    /// cells holds the queue as if every slot were busy. A policy that sees
+    /// it can send a request that may leave elsewhere instead of waiting.
     pub fn wait_ms(&self) -> u32 {
-        let depth = self.queue_depth();
+        let mut depth = self.queue_depth();
         let kv_waiting: u32 = self.models.values().map(|s| s.load().waiting).sum();
-        if depth < self.max_concurrent && kv_waiting == 0 {
-            return 0;
+        if kv_waiting > 0 {
+            depth = depth.max(self.max_concurrent);
         }
-        let service = self
-            .service_ms
+        queue_wait_ms(depth, self.max_concurrent, self.service_ms().unwrap_or(0.0)).round() as u32
+    }
+
+    /// How long a generation holds its slot (EWMA); none before the first.
+    pub fn service_ms(&self) -> Option<f64> {
+        self.service_ms
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .get();
-        let rounds = depth.saturating_sub(self.max_concurrent) / self.max_concurrent + 1;
-        (service.unwrap_or(0.0) * rounds as f64).round() as u32
+            .get()
     }
 
     /// The local estimate for a request of these features on `model`.

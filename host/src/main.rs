@@ -39,6 +39,14 @@ struct NodeArgs {
     /// [node] decision_log), for `edgeroute policy replay`.
     #[arg(long, value_name = "FILE")]
     decision_log: Option<PathBuf>,
+    /// This node's name in the fleet (overrides [fleet] node): one config
+    /// for many nodes, e.g. a Kubernetes DaemonSet's `$(NODE_NAME)`.
+    #[arg(long, value_name = "NAME")]
+    fleet_node: Option<String>,
+    /// The URL peers reach this node at (overrides [fleet] url), e.g.
+    /// `http://$(POD_IP):8080`.
+    #[arg(long, value_name = "URL")]
+    fleet_url: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -107,6 +115,19 @@ fn load_config(args: &NodeArgs) -> anyhow::Result<Config> {
     }
     if let Some(log) = &args.decision_log {
         config.node.decision_log = Some(log.clone());
+    }
+    if args.fleet_node.is_some() || args.fleet_url.is_some() {
+        let fleet = config
+            .fleet
+            .as_mut()
+            .context("--fleet-node and --fleet-url need a [fleet] section in the config")?;
+        if let Some(name) = &args.fleet_node {
+            fleet.node = name.clone();
+        }
+        if let Some(url) = &args.fleet_url {
+            fleet.url = url.clone();
+        }
+        config.validate()?;
     }
     Ok(config)
 }

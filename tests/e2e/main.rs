@@ -6,6 +6,10 @@
 //!   a C policy's log line;
 //! - `chat`: the OpenAI API, placement, the guard and fail-closed paths;
 //! - `dataset`: scoring a policy on a labelled dataset (APGR, baselines);
+//! - `deploy`: the fleet's Kubernetes manifests validated, and the nodes'
+//!   config loading with the per-node flags;
+//! - `fleet`: nodes sharing load through Redis, forwarding, trust zones,
+//!   and the paced test backend;
 //! - `embeddings`: `/v1/embeddings`, and the embedding a policy asks for;
 //! - `observability`: `/metrics` (promtool), the egress audit log, and the
 //!   dashboard in headless Chromium;
@@ -31,6 +35,7 @@ mod batch;
 mod chat;
 mod dataset;
 mod decoding;
+mod deploy;
 mod embeddings;
 mod fleet;
 mod observability;

@@ -91,24 +91,17 @@ fn build_sample(spin: &Path) {
 struct SpinApp {
     child: Child,
     url: String,
-    _state: tempdir::Dir,
-}
-
-mod tempdir {
-    /// A folder removed when dropped.
-    pub struct Dir(pub std::path::PathBuf);
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
+    _state: tempfile::TempDir,
 }
 
 impl SpinApp {
     fn up(spin: &Path, node_url: &str, key: &str, api_type: &str) -> SpinApp {
         use std::os::unix::process::CommandExt;
-        let state = std::env::temp_dir().join(unique("spin-state"));
-        std::fs::create_dir_all(&state).unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("spin-state")
+            .tempdir()
+            .unwrap();
+        let state = dir.path().to_path_buf();
         let config = state.join("runtime-config.toml");
         let api = if api_type == "default" {
             String::new()
@@ -162,7 +155,7 @@ impl SpinApp {
         SpinApp {
             child,
             url: format!("http://127.0.0.1:{port}"),
-            _state: tempdir::Dir(state),
+            _state: dir,
         }
     }
 

@@ -283,8 +283,8 @@ async fn send(
     })
 }
 
-/// One generation's time on an idle node, as a client sees it, and its
-/// prompt's tokens.
+/// One generation's time on an idle node as a client sees it (the median
+/// of three; restricted, so they run locally whatever the policy).
 async fn service_time(url: &str) -> anyhow::Result<Duration> {
     let client = reqwest::Client::new();
     let mut times = Vec::new();

@@ -147,6 +147,10 @@ impl Decided {
 }
 
 /// Parse → features → policy → guard.
+/// Bodies up to this size get their features on the async worker (see
+/// `decide`): detection and tokenizing take well under 100 µs there.
+const INLINE_FEATURES_BYTES: usize = 1024;
+
 pub async fn decide(
     node: &Arc<Node>,
     body: &[u8],
@@ -164,11 +168,14 @@ pub async fn decide(
     check_model(node, &request.requested_model).map_err(Failure::Invalid)?;
     // Tokenizing a long prompt takes milliseconds of CPU: off the async
     // workers, so a large request cannot stall `/healthz` or other clients.
-    // The embedding costs milliseconds: only for a policy that asked.
+    // A short one takes tens of microseconds, less than the hand-off to a
+    // blocking thread and back: it is done here. The embedding costs
+    // milliseconds: only for a policy that asked, and never inline.
     let embed = node.policy.current().needs.embedding;
-    let (request, extracted) = {
+    let inline = !embed && body.len() <= INLINE_FEATURES_BYTES;
+    let work = {
         let (node, signals) = (node.clone(), signals.clone());
-        tokio::task::spawn_blocking(move || {
+        move || {
             let mut extracted = features::extract(
                 &request,
                 &signals,
@@ -190,9 +197,14 @@ pub async fn decide(
                     features::embed_prompt(&request, embedder, config.feature_tokens);
             }
             (request, extracted)
-        })
-        .await
-        .map_err(|e| Failure::Internal(format!("computing the request's features failed: {e}")))?
+        }
+    };
+    let (request, extracted) = if inline {
+        work()
+    } else {
+        tokio::task::spawn_blocking(work).await.map_err(|e| {
+            Failure::Internal(format!("computing the request's features failed: {e}"))
+        })?
     };
     let extracted = extracted.map_err(Failure::Invalid)?;
     let asked = Instant::now();

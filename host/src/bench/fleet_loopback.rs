@@ -93,12 +93,17 @@ impl Drop for RedisServer {
     }
 }
 
-/// Three nodes serving, and what stops them.
+/// Three nodes serving.
 struct Fleet {
-    urls: Vec<String>,
-    nodes: Vec<Arc<Node>>,
-    stop: Vec<tokio::sync::oneshot::Sender<()>>,
-    state: Vec<std::path::PathBuf>,
+    members: Vec<Member>,
+}
+
+/// One node of the fleet: where it is served, and what stops it.
+struct Member {
+    url: String,
+    node: Arc<Node>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    state: std::path::PathBuf,
 }
 
 impl Fleet {
@@ -109,10 +114,7 @@ impl Fleet {
         report_ms: u64,
     ) -> anyhow::Result<Self> {
         let mut fleet = Fleet {
-            urls: Vec::new(),
-            nodes: Vec::new(),
-            stop: Vec::new(),
-            state: Vec::new(),
+            members: Vec::new(),
         };
         for name in NODES {
             // Bound first: each node publishes the URL it is served at.
@@ -141,17 +143,19 @@ impl Fleet {
                 config.fleet = Some(f);
             }
             let node = Node::start(config).await?;
-            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
             serve_on(listener, &node, async move {
-                let _ = rx.await;
+                let _ = stopped.await;
             });
             if node.fleet.is_some() {
                 crate::fleet::sync::spawn(Arc::downgrade(&node));
             }
-            fleet.urls.push(url);
-            fleet.nodes.push(node);
-            fleet.stop.push(tx);
-            fleet.state.push(state);
+            fleet.members.push(Member {
+                url,
+                node,
+                stop,
+                state,
+            });
         }
         if redis.is_some() {
             fleet.wait_for_peers().await?;
@@ -170,7 +174,11 @@ impl Fleet {
                         .map_or(0, |p| p.iter().filter(|p| p["fresh"] == true).count())
                 })
             };
-            if self.nodes.iter().all(|n| fresh(n) == NODES.len() - 1) {
+            if self
+                .members
+                .iter()
+                .all(|m| fresh(&m.node) == NODES.len() - 1)
+            {
                 return Ok(());
             }
             if Instant::now() > deadline {
@@ -180,12 +188,14 @@ impl Fleet {
         }
     }
 
+    fn url(&self, node: usize) -> &str {
+        &self.members[node].url
+    }
+
     fn stop(self) {
-        for tx in self.stop {
-            let _ = tx.send(());
-        }
-        for dir in self.state {
-            let _ = std::fs::remove_dir_all(dir);
+        for member in self.members {
+            let _ = member.stop.send(());
+            let _ = std::fs::remove_dir_all(member.state);
         }
     }
 }
@@ -309,6 +319,7 @@ async fn service_time(url: &str) -> anyhow::Result<Duration> {
     Ok(times[1])
 }
 
+#[derive(Default)]
 struct Tally {
     public: usize,
     spilled: usize,
@@ -358,7 +369,7 @@ async fn run_mode(
     let mut tasks = Vec::with_capacity(arrivals.len());
     for &arrival in arrivals {
         tokio::time::sleep_until(start + arrival.at).await;
-        let (client, url) = (client.clone(), fleet.urls[arrival.node].clone());
+        let (client, url) = (client.clone(), fleet.url(arrival.node).to_string());
         tasks.push(tokio::spawn(async move {
             send(&client, &url, arrival, budget_ms).await
         }));
@@ -379,17 +390,7 @@ async fn run_mode(
             text.get(at + 4..at + 9)?.parse().ok()
         })
         .collect();
-    let mut tally = Tally {
-        public: 0,
-        spilled: 0,
-        forwarded: 0,
-        restricted: 0,
-        refused: 0,
-        errors: 0,
-        late: 0,
-        ttft: Vec::new(),
-        total: Vec::new(),
-    };
+    let mut tally = Tally::default();
     for s in seen.iter().filter(|s| s.arrival.id >= warmup) {
         let id = s.arrival.id;
         if s.arrival.restricted {
@@ -434,7 +435,7 @@ pub async fn run(config: Config, requests: usize) -> anyhow::Result<()> {
     }
     // The generation time, on one idle node of its own.
     let probe = Fleet::start(&base, Mode::Isolated, None, 0).await?;
-    let service = service_time(&probe.urls[0]).await?;
+    let service = service_time(probe.url(0)).await?;
     probe.stop();
     let service_ms = service.as_secs_f64() * 1e3;
     let budget_ms = (2.0 * service_ms).round() as u64;

@@ -389,3 +389,88 @@ impl Fleet {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fleet(choice: &str) -> Fleet {
+        let config: FleetConfig = toml::from_str(&format!(
+            "node = \"here\"\nzone = \"site-a\"\nurl = \"http://127.0.0.1:1\"\nstale_ms = 600000\nchoice = \"{choice}\"\n"
+        ))
+        .unwrap();
+        Fleet::new(
+            config,
+            "fleet-token-for-unit-tests".into(),
+            vec![Sensitivity::Restricted],
+            Arc::default(),
+            Duration::from_secs(1),
+        )
+        .unwrap()
+    }
+
+    fn report(node: &str, zone: &str, at_ms: u64) -> Report {
+        Report {
+            node: node.into(),
+            zone: zone.into(),
+            url: "http://127.0.0.1:1".into(),
+            // Two generations of 1000 ms in its two slots.
+            wait_ms: 500,
+            queue: 2,
+            running: 2,
+            full: false,
+            slots: 2,
+            service_ms: 1000,
+            kv_free_tokens: 0,
+            models: Vec::new(),
+            at_ms,
+        }
+    }
+
+    /// The blind baseline is blind to load, not to the guard: restricted
+    /// data is only ever offered a peer of its own zone, and a level that
+    /// may not stay in the zone is offered none.
+    #[test]
+    fn a_random_pick_stays_among_the_peers_the_guard_allows() {
+        let fleet = fleet("random");
+        fleet.accept(report("same", "site-a", 1));
+        fleet.accept(report("other", "site-b", 1));
+        let mut zoned = Facts::of_level(Sensitivity::Restricted, false);
+        zoned.may_stay_in_zone = true;
+        for _ in 0..200 {
+            let c = fleet.candidates(&zoned, None, None);
+            assert_eq!(c.pick.as_deref(), Some("same"));
+            assert!(c.features.iter().all(|p| p.name == "same"));
+        }
+        let kept = Facts::of_level(Sensitivity::Restricted, false);
+        let c = fleet.candidates(&kept, None, None);
+        assert!(c.pick.is_none() && c.features.is_empty(), "{c:?}");
+        // Public data may go to either, and over many picks goes to both.
+        let public = Facts::of_level(Sensitivity::Public, true);
+        let picks: std::collections::BTreeSet<_> = (0..200)
+            .filter_map(|_| fleet.candidates(&public, None, None).pick)
+            .collect();
+        assert_eq!(picks.len(), 2, "{picks:?}");
+    }
+
+    /// A request sent since the peer's last report adds its queueing to
+    /// the estimate until a new report (not a re-read of the same one)
+    /// counts it.
+    #[test]
+    fn only_a_new_report_absorbs_what_was_sent_since() {
+        let fleet = fleet("load-aware");
+        fleet.accept(report("peer", "site-a", 1));
+        let public = Facts::of_level(Sensitivity::Public, true);
+        let wait = |f: &Fleet| f.candidates(&public, None, None).features[0].wait_ms;
+        // Both slots busy: a newcomer waits one interval (1000 / 2).
+        assert_eq!(wait(&fleet), 500);
+        let (sent, _, _) = fleet.open("peer").unwrap();
+        assert_eq!(wait(&fleet), 1000);
+        fleet.accept(report("peer", "site-a", 1));
+        assert_eq!(wait(&fleet), 1000, "the same report read again");
+        fleet.accept(report("peer", "site-a", 2));
+        assert_eq!(wait(&fleet), 500, "a new report counts it");
+        drop(sent);
+        assert_eq!(wait(&fleet), 500);
+    }
+}

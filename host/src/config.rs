@@ -426,7 +426,7 @@ pub struct GuardConfig {
     /// is a config error naming it: a typo must not let data leave.
     pub never_leave: Vec<Sensitivity>,
     /// Raise a request to `restricted` when the prompt looks like it holds
-    /// personal data, secrets or confidential prose (`host/src/detect`).
+    /// personal data, secrets or confidential prose (`crates/detect`).
     pub detect_pii: bool,
     /// The operator's own detectors: a kind and a regex.
     pub patterns: Vec<GuardPattern>,
@@ -456,13 +456,8 @@ impl Default for GuardConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct GuardPattern {
-    /// The kind reported (reason header, decision log), e.g. `employee-id`.
-    pub kind: String,
-    pub regex: String,
-}
+/// An operator's own detector: a kind and a regex.
+pub use edgeroute_detect::Pattern as GuardPattern;
 
 impl GuardConfig {
     pub fn may_leave(&self, level: Sensitivity) -> bool {

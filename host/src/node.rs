@@ -165,7 +165,7 @@ impl Node {
             local,
             cloud,
             embedder,
-            detector: Detector::new(&config.guard)?,
+            detector: crate::detect::detector(&config.guard)?,
             ledger: Ledger::new(reference, Some(config.ledger.tasks.clone())),
             metrics: Metrics::default(),
             recent: Recent::default(),

@@ -15,7 +15,7 @@ pub fn run(detector: &Detector, set: &Path) -> anyhow::Result<()> {
         );
         return Ok(());
     };
-    let report = eval::evaluate(detector, &text)?;
+    let report = eval::evaluate(detector, &text).map_err(anyhow::Error::msg)?;
     println!(
         "detection ({}): {} of {} sensitive prompts kept local (recall {:.3}); {} of {} clean prompts flagged (false positives {:.1} %)",
         set.display(),

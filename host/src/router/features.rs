@@ -52,52 +52,6 @@ pub struct Extracted {
     pub prompt: Option<Arc<Tokenized>>,
 }
 
-/// Every string in a JSON value, keys of objects included (a tool's
-/// argument names are text too), and numbers long enough to be an
-/// identifier (a card number sent as a JSON number is still one).
-fn strings<'a>(value: &'a serde_json::Value, out: &mut Vec<std::borrow::Cow<'a, str>>) {
-    match value {
-        serde_json::Value::String(s) => out.push(s.as_str().into()),
-        // Parameters (max_tokens 256, temperature 0.7) are not identifiers,
-        // and joined with a message's digits they could look like one.
-        serde_json::Value::Number(n) => {
-            let text = n.to_string();
-            if text.bytes().filter(u8::is_ascii_digit).count() >= 6 {
-                out.push(text.into());
-            }
-        }
-        serde_json::Value::Array(items) => items.iter().for_each(|v| strings(v, out)),
-        serde_json::Value::Object(object) => {
-            for (key, v) in object {
-                out.push(key.as_str().into());
-                strings(v, out);
-            }
-        }
-        _ => {}
-    }
-}
-
-/// A message's strings other than its text (a content string, or the
-/// `text` of its parts): tool calls, names, a part's other fields.
-fn other_message_strings<'a>(
-    message: &'a serde_json::Value,
-    out: &mut Vec<std::borrow::Cow<'a, str>>,
-) {
-    for (key, value) in message.as_object().into_iter().flatten() {
-        match (key.as_str(), value) {
-            ("content", serde_json::Value::String(_)) => {}
-            ("content", serde_json::Value::Array(parts)) => {
-                for (k, v) in parts.iter().filter_map(|p| p.as_object()).flatten() {
-                    if k != "text" {
-                        strings(v, out);
-                    }
-                }
-            }
-            _ => strings(value, out),
-        }
-    }
-}
-
 /// Every declared and detected level of a request.
 pub fn collect_sensitivity(
     request: &Prepared,
@@ -111,53 +65,15 @@ pub fn collect_sensitivity(
     {
         set.add(Source::TenantDefault, tenant.sensitivity);
     }
-    for value in &signals.sensitivity {
-        match value {
-            // A header line may itself be a list ("public, restricted"),
-            // the same as repeating the header.
-            Some(text) => {
-                for label in text.split(',') {
-                    set.add(Source::Header, Sensitivity::from_client_label(label));
-                }
-            }
-            None => set.add(Source::Header, Sensitivity::Restricted),
-        }
-    }
-    if let Some(value) = request.metadata.get("sensitivity") {
-        let level = match value.as_str() {
-            Some(label) => Sensitivity::from_client_label(label),
-            None => Sensitivity::Restricted,
-        };
-        set.add(Source::Body, level);
-    }
+    edgeroute_detect::collect::declared(&mut set, &signals.sensitivity, &request.metadata);
     if guard.detect_pii {
-        // Every message, the metadata's text values (a client may put a
-        // customer's email in `metadata.user`), and every other string of
-        // the request: an upstream receives the client's body as sent, so
-        // tool arguments and results, names and unknown fields are judged
-        // too.
-        // Message text is in `request.messages` already: scanning it twice
-        // would let the split-number check join a number with its own copy.
-        let mut others = Vec::new();
-        for (key, value) in &request.passthrough {
-            match (key.as_str(), value.as_array()) {
-                ("messages", Some(messages)) => {
-                    for message in messages {
-                        other_message_strings(message, &mut others);
-                    }
-                }
-                _ => strings(value, &mut others),
-            }
-        }
-        let texts = request
-            .messages
-            .iter()
-            .map(|(_, text)| text.as_str())
-            .chain(request.metadata.values().filter_map(|v| v.as_str()))
-            .chain(others.iter().map(|s| s.as_ref()));
-        for kind in detector.scan(texts) {
-            set.add(Source::Detected(kind), Sensitivity::Restricted);
-        }
+        edgeroute_detect::collect::detected(
+            &mut set,
+            detector,
+            &request.messages,
+            &request.metadata,
+            &request.passthrough,
+        );
     }
     set
 }
@@ -348,14 +264,14 @@ mod tests {
             ..Signals::default()
         };
         let guard = GuardConfig::default();
-        let detector = Detector::new(&guard).unwrap();
+        let detector = crate::detect::detector(&guard).unwrap();
         collect_sensitivity(&request(metadata), &signals, &guard, &detector).level()
     }
 
     #[test]
     fn text_in_tool_calls_and_unknown_fields_is_judged_too() {
         let guard = GuardConfig::default();
-        let detector = Detector::new(&guard).unwrap();
+        let detector = crate::detect::detector(&guard).unwrap();
         for body in [
             r#"{"model":"auto","messages":[{"role":"user","content":"go"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"pay","arguments":"{\"card\":\"4111 1111 1111 1111\"}"}}]}]}"#,
             r#"{"model":"auto","messages":[{"role":"user","content":"go"}],"user":"jane.doe@example.com"}"#,
@@ -375,7 +291,7 @@ mod tests {
         // Twice, "12345674" would join its own copy into a Luhn-valid
         // 16-digit number.
         let guard = GuardConfig::default();
-        let detector = Detector::new(&guard).unwrap();
+        let detector = crate::detect::detector(&guard).unwrap();
         let body = r#"{"model":"auto","messages":[{"role":"user","content":"Summarise ticket 12345674 for me."}]}"#;
         let request =
             super::super::request::parse(body.as_bytes(), &Limits::default(), "t".into(), 0)
@@ -398,7 +314,7 @@ mod tests {
             ..Signals::default()
         };
         let guard = GuardConfig::default();
-        let detector = Detector::new(&guard).unwrap();
+        let detector = crate::detect::detector(&guard).unwrap();
         let set = collect_sensitivity(
             &request(r#"{"sensitivity":"public"}"#),
             &signals,

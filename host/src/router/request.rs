@@ -11,9 +11,7 @@ use crate::config::Limits;
 use crate::nn::Decoding;
 use crate::nn::decoding::MAX_STOP_SEQUENCES;
 use serde::Deserialize;
-use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
-use std::fmt;
 use std::sync::Arc;
 
 /// A request the pipeline refuses before routing it (HTTP 4xx).
@@ -77,92 +75,9 @@ pub struct Prepared {
     pub decoding: Decoding,
 }
 
-/// Parse JSON refusing duplicate keys anywhere, in the one pass that
-/// builds the value. serde_json keeps the last duplicate and has no option
-/// to refuse them, and no maintained crate does this for arbitrary JSON
-/// values, hence this small visitor.
+/// Parse JSON refusing duplicate keys anywhere (`edgeroute_detect::body`).
 pub fn strict_json(body: &[u8]) -> Result<Value, Invalid> {
-    let mut deserializer = serde_json::Deserializer::from_slice(body);
-    let value = StrictValue
-        .deserialize(&mut deserializer)
-        .and_then(|value| deserializer.end().map(|()| value))
-        .map_err(|e| {
-            if e.is_syntax() || e.is_eof() {
-                Invalid::request(format!("the request body is not valid JSON: {e}"))
-            } else {
-                Invalid::request(format!("the request body is not acceptable JSON: {e}"))
-            }
-        })?;
-    Ok(value)
-}
-
-/// Deserialises any JSON value; objects with a repeated key are an error.
-struct StrictValue;
-
-impl<'de> DeserializeSeed<'de> for StrictValue {
-    type Value = Value;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
-        deserializer.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for StrictValue {
-    type Value = Value;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-
-    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
-        Ok(Value::Bool(v))
-    }
-
-    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
-        Ok(Value::from(v))
-    }
-
-    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
-        Ok(Value::from(v))
-    }
-
-    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
-        Ok(Value::from(v))
-    }
-
-    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
-        Ok(Value::String(v.to_string()))
-    }
-
-    fn visit_string<E>(self, v: String) -> Result<Value, E> {
-        Ok(Value::String(v))
-    }
-
-    fn visit_unit<E>(self) -> Result<Value, E> {
-        Ok(Value::Null)
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
-        let mut items = Vec::new();
-        while let Some(item) = seq.next_element_seed(StrictValue)? {
-            items.push(item);
-        }
-        Ok(Value::Array(items))
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
-        let mut object = Map::new();
-        while let Some(key) = map.next_key::<String>()? {
-            if object.contains_key(&key) {
-                return Err(de::Error::custom(format_args!(
-                    "the key '{key}' appears twice in one object; send each key once"
-                )));
-            }
-            let value = map.next_value_seed(StrictValue)?;
-            object.insert(key, value);
-        }
-        Ok(Value::Object(object))
-    }
+    edgeroute_detect::body::strict_json(body).map_err(|e| Invalid::request(e.to_string()))
 }
 
 #[derive(Debug, Deserialize)]
@@ -197,47 +112,7 @@ pub struct StreamOptions {
     pub include_usage: bool,
 }
 
-#[derive(Debug, Deserialize)]
-pub struct ChatMessage {
-    pub role: String,
-    #[serde(default)]
-    pub content: Option<Content>,
-}
-
-/// A message's content: a string, or a list of parts of which edgeroute
-/// serves the text ones.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub enum Content {
-    Text(String),
-    Parts(Vec<ContentPart>),
-}
-
-#[derive(Debug, Deserialize)]
-pub struct ContentPart {
-    #[serde(rename = "type")]
-    pub kind: String,
-    #[serde(default)]
-    pub text: Option<String>,
-}
-
-impl ChatMessage {
-    /// The message's text, or why it has none edgeroute can serve.
-    pub fn text(&self) -> Result<String, String> {
-        match &self.content {
-            None => Ok(String::new()),
-            Some(Content::Text(text)) => Ok(text.clone()),
-            Some(Content::Parts(parts)) => parts
-                .iter()
-                .map(|part| match (part.kind.as_str(), &part.text) {
-                    ("text", Some(text)) => Ok(text.as_str()),
-                    (kind, _) => Err(format!("content part of type '{kind}' is not supported")),
-                })
-                .collect::<Result<Vec<_>, _>>()
-                .map(|texts| texts.join("")),
-        }
-    }
-}
+pub use edgeroute_detect::body::{ChatMessage, Content, ContentPart};
 
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 

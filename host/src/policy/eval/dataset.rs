@@ -503,7 +503,7 @@ mod tests {
             local: "m".into(),
             cloud: "c".into(),
             never_leave: vec![Sensitivity::Restricted],
-            detector: Some(Detector::new(&Default::default()).unwrap()),
+            detector: Some(crate::detect::detector(&Default::default()).unwrap()),
         };
         let prepared = prepare(examples, &setting, &|_| 10, None);
         let b = baselines(&prepared);
@@ -528,7 +528,7 @@ mod tests {
             local: "m".into(),
             cloud: "c".into(),
             never_leave: vec![Sensitivity::Restricted],
-            detector: Some(Detector::new(&Default::default()).unwrap()),
+            detector: Some(crate::detect::detector(&Default::default()).unwrap()),
         };
         let prepared = prepare(vec![e], &setting, &|_| 10, None);
         assert!(!prepared[0].facts.may_leave);

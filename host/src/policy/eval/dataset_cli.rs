@@ -104,7 +104,7 @@ pub async fn replay(
         detector: config
             .guard
             .detect_pii
-            .then(|| crate::detect::Detector::new(&config.guard))
+            .then(|| crate::detect::detector(&config.guard))
             .transpose()?,
     };
     let tokens = |m: &[(String, String)]| {

@@ -46,7 +46,7 @@ impl Report {
     }
 }
 
-pub fn evaluate(detector: &Detector, text: &str) -> anyhow::Result<Report> {
+pub fn evaluate(detector: &Detector, text: &str) -> Result<Report, String> {
     let mut report = Report::default();
     for (n, line) in text
         .lines()
@@ -54,7 +54,7 @@ pub fn evaluate(detector: &Detector, text: &str) -> anyhow::Result<Report> {
         .filter(|(_, l)| !l.trim().is_empty())
     {
         let l: Labelled = serde_json::from_str(line)
-            .map_err(|e| anyhow::anyhow!("line {}: not a labelled prompt: {e}", n + 1))?;
+            .map_err(|e| format!("line {}: not a labelled prompt: {e}", n + 1))?;
         let found = detector.scan(l.messages.iter().map(|m| m.content.as_str()));
         if l.kinds.is_empty() {
             report.clean += 1;

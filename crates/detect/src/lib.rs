@@ -8,7 +8,14 @@
 //!
 //! A false positive keeps a request on the node; a false negative could
 //! send it out. The evaluation set (`tests/detection/`) measures both.
+//!
+//! Its own crate, with no wasmtime, HTTP or llama.cpp, so that the node and
+//! the Spin gateway component (`components/spin-gateway`, wasm32-wasip2)
+//! judge a request with the same code: `body` reads a request strictly,
+//! `collect` gathers every declared and detected level.
 
+pub mod body;
+pub mod collect;
 pub mod eval;
 mod normalize;
 mod prose;
@@ -17,13 +24,43 @@ mod validate;
 
 pub use normalize::normalize;
 
-use crate::config::GuardConfig;
 use regex::Regex;
 use rules::{CONTEXT_CHARS, Rule};
+use serde::Deserialize;
 use std::collections::BTreeSet;
 
 /// The kind prose detection reports.
 pub const CONFIDENTIAL: &str = "confidential";
+
+/// An operator's own detector (`[guard] patterns`): a kind and a regex.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pattern {
+    /// The kind reported (reason header, decision log), e.g. `employee-id`.
+    pub kind: String,
+    pub regex: String,
+}
+
+/// What an operator adds to the built-in rules (`[guard]` in the node's
+/// config, Spin variables in the gateway).
+#[derive(Debug, Clone)]
+pub struct Settings<'a> {
+    pub patterns: &'a [Pattern],
+    /// Regexes of text known to be harmless, removed before detection.
+    pub allow: &'a [String],
+    /// Confidential prose scores at or above this are found.
+    pub prose_threshold: f32,
+}
+
+impl Default for Settings<'_> {
+    fn default() -> Self {
+        Self {
+            patterns: &[],
+            allow: &[],
+            prose_threshold: 1.0,
+        }
+    }
+}
 
 pub struct Detector {
     rules: Vec<Rule>,
@@ -32,12 +69,13 @@ pub struct Detector {
 }
 
 impl Detector {
-    /// The built-in rules plus `[guard] patterns`, minus `[guard] allow`.
-    pub fn new(guard: &GuardConfig) -> anyhow::Result<Self> {
+    /// The built-in rules plus the operator's patterns, minus its allow
+    /// list; an error names the regex that does not compile.
+    pub fn new(settings: &Settings) -> Result<Self, String> {
         let mut rules = rules::builtin();
-        for p in &guard.patterns {
-            let pattern = Regex::new(&p.regex)
-                .map_err(|e| anyhow::anyhow!("[guard] pattern '{}': {e}", p.kind))?;
+        for p in settings.patterns {
+            let pattern =
+                Regex::new(&p.regex).map_err(|e| format!("[guard] pattern '{}': {e}", p.kind))?;
             // Operator kinds live as long as the node.
             let kind: &'static str = Box::leak(p.kind.clone().into_boxed_str());
             rules.push(Rule {
@@ -47,15 +85,15 @@ impl Detector {
                 context: None,
             });
         }
-        let allow = guard
+        let allow = settings
             .allow
             .iter()
-            .map(|a| Regex::new(a).map_err(|e| anyhow::anyhow!("[guard] allow '{a}': {e}")))
-            .collect::<anyhow::Result<_>>()?;
+            .map(|a| Regex::new(a).map_err(|e| format!("[guard] allow '{a}': {e}")))
+            .collect::<Result<_, _>>()?;
         Ok(Self {
             rules,
             allow,
-            prose_threshold: guard.prose_threshold,
+            prose_threshold: settings.prose_threshold,
         })
     }
 

@@ -22,6 +22,7 @@ const COMPONENTS: &[(&str, &str)] = &[
     ("local-worker", "local_worker.wasm"),
     ("cloud-fetch", "cloud_fetch.wasm"),
     ("fixtures/policy-always-cloud", "policy_always_cloud.wasm"),
+    ("fixtures/policy-cloud-v2", "policy_cloud_v2.wasm"),
     ("fixtures/policy-trap", "policy_trap.wasm"),
     ("fixtures/policy-loop", "policy_loop.wasm"),
     ("fixtures/policy-counter", "policy_counter.wasm"),

@@ -19,6 +19,8 @@
 //! - `signals`: every feature a policy sees, and the confidence cascade;
 //! - `spin`: a Spin app's `llm::infer` and `generate_embeddings` through
 //!   the node under the real `spin up`, both protocols, tenants' keys;
+//! - `spin_gateway`: the root `spin.toml` under the real `spin up`, its
+//!   gateway placing requests with the node's policy file and guard;
 //! - `tenants`: client keys, a tenant's sensitivity, targets and rate
 //!   limit, the ledger by tenant;
 //! - `tools`: the `openai` client's tool-call round trip through the
@@ -45,6 +47,7 @@ mod prefix;
 mod signals;
 mod soak;
 mod spin;
+mod spin_gateway;
 mod tenants;
 mod tools;
 

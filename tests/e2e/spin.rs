@@ -23,7 +23,7 @@ const SPIN_SHA256: &str = "def379f2066e066eac15c8ec834bb56ab9c03f5721016529c0c52
 const SAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/spin-sample");
 
 /// The Spin CLI, or why there is none.
-fn spin() -> Result<PathBuf, String> {
+pub(crate) fn spin() -> Result<PathBuf, String> {
     if let Some(path) = std::env::var_os("SPIN").filter(|p| !p.is_empty()) {
         return Ok(path.into());
     }
@@ -88,7 +88,7 @@ fn build_sample(spin: &Path) {
 
 /// A running `spin up` of the sample; stopped (its whole process group:
 /// `spin up` runs the app in a child) when dropped.
-struct SpinApp {
+pub(crate) struct SpinApp {
     child: Child,
     url: String,
     _state: tempfile::TempDir,
@@ -96,6 +96,30 @@ struct SpinApp {
 
 impl SpinApp {
     fn up(spin: &Path, node_url: &str, key: &str, api_type: &str) -> SpinApp {
+        let api = if api_type == "default" {
+            String::new()
+        } else {
+            format!("api_type = \"{api_type}\"\n")
+        };
+        let config = format!(
+            "[llm_compute]\ntype = \"remote_http\"\nurl = \"{node_url}\"\nauth_token = \"{key}\"\n{api}"
+        );
+        SpinApp::launch(
+            spin,
+            Path::new(&format!("{SAMPLE}/spin.toml")),
+            &config,
+            &[],
+        )
+    }
+
+    /// `spin up -f manifest` on a free port, with `runtime_config` (its
+    /// text) and `env` (`SPIN_VARIABLE_*`), once it says it is serving.
+    pub(crate) fn launch(
+        spin: &Path,
+        manifest: &Path,
+        runtime_config: &str,
+        env: &[(&str, String)],
+    ) -> SpinApp {
         use std::os::unix::process::CommandExt;
         let dir = tempfile::Builder::new()
             .prefix("spin-state")
@@ -103,29 +127,17 @@ impl SpinApp {
             .unwrap();
         let state = dir.path().to_path_buf();
         let config = state.join("runtime-config.toml");
-        let api = if api_type == "default" {
-            String::new()
-        } else {
-            format!("api_type = \"{api_type}\"\n")
-        };
-        std::fs::write(
-            &config,
-            format!("[llm_compute]\ntype = \"remote_http\"\nurl = \"{node_url}\"\nauth_token = \"{key}\"\n{api}"),
-        )
-        .unwrap();
+        std::fs::write(&config, runtime_config).unwrap();
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
             .port();
         let mut child = Command::new(spin)
-            .args([
-                "up",
-                "-f",
-                &format!("{SAMPLE}/spin.toml"),
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-            ])
+            .args(["up", "-f"])
+            .arg(manifest)
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .arg("--runtime-config-file")
             .arg(&config)
             .arg("--state-dir")
@@ -157,6 +169,10 @@ impl SpinApp {
             url: format!("http://127.0.0.1:{port}"),
             _state: dir,
         }
+    }
+
+    pub(crate) fn url(&self) -> &str {
+        &self.url
     }
 
     /// POST to the app; the status and the JSON body.

@@ -48,4 +48,9 @@ pub enum PolicyFailure {
     Timeout(u64),
     #[error("policy trapped: {0}")]
     Trap(String),
+    /// Its `configure` refused the operator's params (the Spin gateway
+    /// configures a fresh instance per request; the node refuses such a
+    /// policy at load time instead).
+    #[error("policy refused its configuration: {0}")]
+    Refused(String),
 }

@@ -22,6 +22,20 @@ pub(crate) fn agent() -> ureq::Agent {
         .new_agent()
 }
 
+/// `POST url` with a JSON body and extra headers, to any server (a Spin
+/// app in front of a node); 4xx/5xx are returned, a transport failure
+/// panics.
+pub fn post_json(url: &str, body: &serde_json::Value, headers: &[(&str, &str)]) -> Resp {
+    let mut request = agent().post(url).header("content-type", "application/json");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    request
+        .send(serde_json::to_vec(body).expect("serialize request body"))
+        .and_then(Resp::from_ureq)
+        .unwrap_or_else(|e| panic!("POST {url} failed: {e}"))
+}
+
 /// `POST path` with `body` over a fresh connection. Writes the body on one
 /// thread while reading the response on another, so a server that answers
 /// early (413 before reading a large body) and closes is still seen

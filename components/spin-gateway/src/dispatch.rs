@@ -1,0 +1,74 @@
+//! Where the gateway sends a placed request: the node on this server for
+//! local work, the upstream for cloud work. Both are outbound HTTP, which
+//! spin.toml's `allowed_outbound_hosts` limits to exactly the node and the
+//! configured upstream: Spin refuses any other host before a byte leaves.
+
+use crate::reply::{self, Reply, SENSITIVITY_HEADER};
+use crate::request::Chat;
+use crate::settings::Settings;
+use spin_sdk::http::{Response, StatusCode};
+use spin_sdk::wasip3::http::types::ErrorCode;
+
+/// The node runs it on `model`, with the request's level in the header so
+/// the node judges it the same (a restricted request stays there even if
+/// its key's tenant were not confined to the node).
+pub async fn to_node(settings: &Settings, chat: &Chat, model: &str) -> Result<Response, Reply> {
+    let mut body = chat.body.clone();
+    body.insert("model".into(), model.into());
+    let level = chat.sensitivity.level().name();
+    let url = format!("{}/v1/chat/completions", settings.node_url);
+    let mut headers = vec![(SENSITIVITY_HEADER, level.to_string())];
+    if !settings.node_key.is_empty() {
+        headers.push(("authorization", format!("Bearer {}", settings.node_key)));
+    }
+    post(&url, headers, &body, "the edgeroute node").await
+}
+
+/// The upstream gets the client's body less `metadata` (edgeroute's
+/// labels), the configured model, and the key; nothing else.
+pub async fn to_cloud(settings: &Settings, chat: &Chat) -> Result<Response, Reply> {
+    let mut body = chat.body.clone();
+    body.remove("metadata");
+    if !settings.upstream_model.is_empty() {
+        body.insert("model".into(), settings.upstream_model.clone().into());
+    }
+    let mut headers = Vec::new();
+    if !settings.upstream_key.is_empty() {
+        headers.push(("authorization", format!("Bearer {}", settings.upstream_key)));
+    }
+    post(&settings.upstream_url, headers, &body, "the cloud upstream").await
+}
+
+async fn post(
+    url: &str,
+    headers: Vec<(&str, String)>,
+    body: &serde_json::Map<String, serde_json::Value>,
+    what: &str,
+) -> Result<Response, Reply> {
+    let mut request = spin_sdk::http::Request::post(url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream");
+    for (name, value) in headers {
+        request = request.header(name, value);
+    }
+    let body = serde_json::to_vec(body).expect("a JSON map serialises");
+    let request = request
+        .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+        .map_err(|e| {
+            reply::error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                &format!("the gateway's URL for {what} is not usable ({url}): {e}"),
+            )
+        })?;
+    spin_sdk::http::send(request).await.map_err(|e| {
+        let message = match e {
+            ErrorCode::HttpRequestDenied => format!(
+                "the gateway may not reach {what} at {url}: its host is not in \
+                 allowed_outbound_hosts (spin.toml); nothing was sent"
+            ),
+            other => format!("{what} at {url} did not answer: {other:?}"),
+        };
+        reply::error(StatusCode::BAD_GATEWAY, "server_error", &message)
+    })
+}

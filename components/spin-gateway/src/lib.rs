@@ -1,0 +1,242 @@
+//! edgeroute's routing as a Spin application (`spin.toml` at the
+//! repository root). `POST /v1/chat/completions` is placed the node's
+//! way, with the node's code:
+//!
+//! 1. read strictly, every declared level and detection collected
+//!    (`edgeroute_detect`, compiled to wasm32-wasip2 with the gateway);
+//! 2. the policy decides: the node's own policy component file, a Spin
+//!    component dependency (`policy`);
+//! 3. the guard places it (`edgeroute_core::guard`): a request that may
+//!    not leave is never sent to the cloud, whatever the policy said;
+//! 4. local work goes to the edgeroute node on this server, cloud work to
+//!    the upstream with the key (a Spin secret) added (`dispatch`).
+//!
+//! A cascade is judged by the node's confidence header when the client
+//! does not stream; a streamed cascade runs its first hop only.
+
+mod dispatch;
+mod policy;
+mod reply;
+mod request;
+mod settings;
+
+use edgeroute_core::guard::{self, NodeView, Placement};
+use edgeroute_core::{Refusal, Target};
+use reply::{CONFIDENCE_HEADER, REASON_HEADER, Reply, TARGET_HEADER};
+use spin_sdk::http::body::IncomingBodyExt;
+use spin_sdk::http::{IntoResponse, Method, Request, StatusCode};
+use spin_sdk::http_service;
+
+#[http_service]
+async fn handle(req: Request) -> impl IntoResponse {
+    match (req.method(), req.uri().path()) {
+        (&Method::POST, "/v1/chat/completions") => chat(req).await,
+        (&Method::GET, "/healthz") => reply::json(
+            StatusCode::OK,
+            r#"{"status":"ok","role":"spin-gateway"}"#.into(),
+        )
+        .into_response(),
+        _ => refuse(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "the gateway serves POST /v1/chat/completions and GET /healthz",
+        ),
+    }
+}
+
+type Answer =
+    Result<spin_sdk::wasip3::http::types::Response, spin_sdk::wasip3::http::types::ErrorCode>;
+
+async fn chat(req: Request) -> Answer {
+    let settings = match settings::Settings::load().await {
+        Ok(s) => s,
+        Err(why) => {
+            return refuse(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                &format!("the gateway is misconfigured, so it routes nothing: {why}"),
+            );
+        }
+    };
+    let headers = req.headers().clone();
+    let bytes = match req.into_body().bytes().await {
+        Ok(b) if b.len() > request::MAX_BODY_BYTES => {
+            return refuse(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                &format!("the request body is over {} bytes", request::MAX_BODY_BYTES),
+            );
+        }
+        Ok(b) => b,
+        Err(e) => {
+            return refuse(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                &format!("the request body could not be read: {e:?}"),
+            );
+        }
+    };
+    let id = request_id();
+    let chat = match request::read(&bytes, &headers, &settings, id) {
+        Ok(chat) => chat,
+        Err(why) => return refuse(StatusCode::BAD_REQUEST, "invalid_request_error", &why),
+    };
+    let decision = policy::decide(&settings.policy_params, &chat.features);
+    let upstreams = settings.upstreams();
+    let view = NodeView {
+        local_models: &settings.local_models,
+        default_local: settings.local_models.first().map(String::as_str),
+        upstreams: &upstreams,
+        on_policy_failure: settings.rules.on_policy_failure,
+        peers: &[],
+        peer_pick: None,
+    };
+    let placement = guard::place(decision, &chat.facts, &view);
+    let level = chat.sensitivity.explain();
+    match placement {
+        Placement::Refuse(refused) => {
+            let (status, kind) = match refused.cause {
+                Refusal::PolicyRejected { .. } => (StatusCode::FORBIDDEN, "permission_error"),
+                _ => (StatusCode::SERVICE_UNAVAILABLE, "server_error"),
+            };
+            let mut reply = reply::error(status, kind, &refused.cause.to_string());
+            decision_headers(&mut reply, "none", &format!("{}; {level}", refused.reason));
+            reply.into_response()
+        }
+        Placement::Run { target, reason } => {
+            run(&settings, &chat, &target, &format!("{reason}; {level}")).await
+        }
+        Placement::Cascade {
+            first,
+            then,
+            min_confidence,
+            reason,
+        } => {
+            let reason = format!("{reason}; {level}");
+            let (Some(then), false) = (then, chat.stream) else {
+                return run(&settings, &chat, &first, &reason).await;
+            };
+            cascade(
+                &settings,
+                &chat,
+                &view,
+                (&first, &then, min_confidence),
+                &reason,
+            )
+            .await
+        }
+    }
+}
+
+/// One hop; the answer streams through as the node or upstream sends it.
+async fn run(
+    settings: &settings::Settings,
+    chat: &request::Chat,
+    target: &Target,
+    reason: &str,
+) -> Answer {
+    let sent = match target {
+        Target::Local(model) => dispatch::to_node(settings, chat, model).await,
+        Target::Cloud(_) => dispatch::to_cloud(settings, chat).await,
+        // The gateway shows the policy no peers, so the guard never
+        // places one; refuse rather than guess.
+        Target::Peer(name) => {
+            return refuse(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                &format!("the gateway has no fleet peers (policy wanted peer {name})"),
+            );
+        }
+    };
+    match sent {
+        Ok(mut response) => {
+            response
+                .headers_mut()
+                .insert(TARGET_HEADER, reply::header_value(&target.to_string()));
+            response
+                .headers_mut()
+                .insert(REASON_HEADER, reply::header_value(reason));
+            response.into_response()
+        }
+        Err(mut reply) => {
+            decision_headers(&mut reply, &target.to_string(), reason);
+            reply.into_response()
+        }
+    }
+}
+
+/// Local first, judged by the node's confidence header; below the
+/// threshold the guard is asked again before the cloud hop.
+async fn cascade(
+    settings: &settings::Settings,
+    chat: &request::Chat,
+    view: &NodeView<'_>,
+    (first, then, min): (&Target, &Target, f32),
+    reason: &str,
+) -> Answer {
+    let Target::Local(model) = first else {
+        return run(settings, chat, first, reason).await;
+    };
+    let response = match dispatch::to_node(settings, chat, model).await {
+        Ok(response) => response,
+        Err(mut reply) => {
+            decision_headers(&mut reply, &first.to_string(), reason);
+            return reply.into_response();
+        }
+    };
+    let confidence = response
+        .headers()
+        .get(CONFIDENCE_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<f32>().ok());
+    if let Some(confidence) = confidence
+        && response.status().is_success()
+        && let Some(Placement::Run {
+            target,
+            reason: why,
+        }) = guard::escalate(then, confidence, min, &chat.facts, view)
+    {
+        return run(settings, chat, &target, &format!("{reason}; {why}")).await;
+    }
+    let status = response.status();
+    let kept = response.headers().clone();
+    let body = match response.into_body().bytes().await {
+        Ok(body) => body,
+        Err(e) => {
+            return refuse(
+                StatusCode::BAD_GATEWAY,
+                "server_error",
+                &format!("the node's answer could not be read: {e:?}"),
+            );
+        }
+    };
+    let mut reply = reply::json(status, body);
+    for name in ["content-type", CONFIDENCE_HEADER] {
+        if let Some(value) = kept.get(name) {
+            reply.headers_mut().insert(name, value.clone());
+        }
+    }
+    decision_headers(&mut reply, &first.to_string(), reason);
+    reply.into_response()
+}
+
+fn decision_headers(reply: &mut Reply, target: &str, reason: &str) {
+    reply
+        .headers_mut()
+        .insert(TARGET_HEADER, reply::header_value(target));
+    reply
+        .headers_mut()
+        .insert(REASON_HEADER, reply::header_value(reason));
+}
+
+fn refuse(status: StatusCode, kind: &str, message: &str) -> Answer {
+    reply::error(status, kind, message).into_response()
+}
+
+/// Unique enough to find a request in the node's and upstream's logs.
+fn request_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("gw-{nanos:x}")
+}

@@ -1,0 +1,45 @@
+//! Responses the gateway writes itself: errors in the OpenAI envelope, and
+//! the decision headers the node sends too.
+
+use spin_sdk::http::{HeaderValue, StatusCode};
+
+pub const TARGET_HEADER: &str = "x-edgeroute-target";
+pub const REASON_HEADER: &str = "x-edgeroute-reason";
+pub const SENSITIVITY_HEADER: &str = "x-edgeroute-sensitivity";
+pub const BUDGET_HEADER: &str = "x-edgeroute-latency-budget-ms";
+pub const CONFIDENCE_HEADER: &str = "x-edgeroute-confidence";
+
+pub type Reply = spin_sdk::http::Response<http_body_util::Full<bytes::Bytes>>;
+
+/// `{"error": {"message", "type", "param", "code"}}` with `status`.
+pub fn error(status: StatusCode, kind: &str, message: &str) -> Reply {
+    let body = serde_json::json!({
+        "error": {"message": message, "type": kind, "param": null, "code": null}
+    });
+    json(status, body.to_string().into())
+}
+
+pub fn json(status: StatusCode, body: bytes::Bytes) -> Reply {
+    let mut reply = spin_sdk::http::Response::new(http_body_util::Full::new(body));
+    *reply.status_mut() = status;
+    reply
+        .headers_mut()
+        .insert("content-type", HeaderValue::from_static("application/json"));
+    reply
+}
+
+/// A header value from text the gateway wrote (a reason, a target):
+/// characters a header cannot carry become `?`.
+pub fn header_value(text: &str) -> HeaderValue {
+    let clean: String = text
+        .chars()
+        .map(|c| {
+            if c.is_ascii() && !c.is_ascii_control() {
+                c
+            } else {
+                '?'
+            }
+        })
+        .collect();
+    HeaderValue::from_str(&clean).unwrap_or(HeaderValue::from_static("?"))
+}

@@ -1,0 +1,128 @@
+//! A chat request read the node's way (`edgeroute_detect::body`): strict
+//! JSON, messages and their text, every declared and detected level, and
+//! the features the policy sees.
+
+use crate::reply::{BUDGET_HEADER, SENSITIVITY_HEADER};
+use crate::settings::Settings;
+use edgeroute_core::guard::Facts;
+use edgeroute_core::{Features, SensitivitySet, TextStats};
+use edgeroute_detect::body::{ChatMessage, strict_json};
+use edgeroute_detect::{Detector, Settings as DetectSettings, collect};
+use serde_json::{Map, Value};
+use spin_sdk::http::HeaderMap;
+
+/// Largest body the gateway reads (the node's default `max_body_bytes`).
+pub const MAX_BODY_BYTES: usize = 1 << 20;
+
+pub struct Chat {
+    /// The client's body as sent, as an object.
+    pub body: Map<String, Value>,
+    pub stream: bool,
+    pub sensitivity: SensitivitySet,
+    pub facts: Facts,
+    pub features: Features,
+}
+
+pub fn read(
+    bytes: &[u8],
+    headers: &HeaderMap,
+    settings: &Settings,
+    id: String,
+) -> Result<Chat, String> {
+    let body = match strict_json(bytes).map_err(|e| e.to_string())? {
+        Value::Object(body) => body,
+        _ => return Err("the request body must be a JSON object".into()),
+    };
+    let raw: Vec<ChatMessage> = match body.get("messages") {
+        Some(m) => serde_json::from_value(m.clone())
+            .map_err(|e| format!("'messages' is not a list of chat messages: {e}"))?,
+        None => return Err("'messages' is required".into()),
+    };
+    if raw.is_empty() {
+        return Err("'messages' must contain at least one message".into());
+    }
+    let messages = raw
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            m.text()
+                .map(|t| (m.role.clone(), t))
+                .map_err(|why| format!("messages[{i}]: {why}"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let metadata = match body.get("metadata") {
+        Some(Value::Object(m)) => m.clone(),
+        Some(Value::Null) | None => Map::new(),
+        Some(_) => return Err("'metadata' must be an object".into()),
+    };
+    let mut rest = body.clone();
+    rest.remove("metadata");
+
+    // Every value of every sensitivity header; one that is not text counts
+    // as restricted.
+    let declared: Vec<Option<String>> = headers
+        .get_all(SENSITIVITY_HEADER)
+        .iter()
+        .map(|v| v.to_str().ok().map(str::to_owned))
+        .collect();
+    let mut sensitivity = SensitivitySet::new();
+    collect::declared(&mut sensitivity, &declared, &metadata);
+    if settings.detect_pii {
+        let detector = Detector::new(&DetectSettings::default())?;
+        collect::detected(&mut sensitivity, &detector, &messages, &metadata, &rest);
+    }
+    let level = sensitivity.level();
+    let facts = Facts::of_level(level, settings.rules.may_leave(level));
+
+    let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let max_tokens = ["max_completion_tokens", "max_tokens"]
+        .iter()
+        .find_map(|k| body.get(*k).and_then(Value::as_u64))
+        .unwrap_or(256)
+        .min(u32::MAX as u64) as u32;
+    let latency_budget_ms = headers
+        .get(BUDGET_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse().ok())
+        .or_else(|| {
+            metadata
+                .get("latency_budget_ms")
+                .and_then(Value::as_u64)
+                .map(|v| v.min(u32::MAX as u64) as u32)
+        });
+    // No tokenizer in the gateway: the node's own estimate when it has no
+    // local model (four bytes a token).
+    let bytes_of_text: usize = messages.iter().map(|(_, t)| t.len()).sum();
+    let features = Features {
+        request_id: id,
+        requested_model: body
+            .get("model")
+            .and_then(Value::as_str)
+            .unwrap_or("auto")
+            .to_owned(),
+        prompt_tokens: bytes_of_text.div_ceil(4) as u32,
+        max_tokens,
+        sensitivity: level,
+        detected: sensitivity.detected().map(str::to_owned).collect(),
+        may_leave: facts.may_leave,
+        task: metadata
+            .get("task")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned(),
+        latency_budget_ms,
+        stream,
+        message_count: messages.len() as u32,
+        text: TextStats::of(&messages),
+        local_models: settings.local_models.clone(),
+        cloud_upstreams: settings.upstreams(),
+        ..Features::default()
+    };
+    Ok(Chat {
+        body,
+        stream,
+        sensitivity,
+        facts,
+        features,
+    })
+}

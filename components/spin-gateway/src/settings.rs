@@ -1,0 +1,97 @@
+//! The gateway's configuration: Spin variables (spin.toml `[variables]`,
+//! overridden at `spin up` with `SPIN_VARIABLE_<NAME>` or a variables
+//! provider). A value the gateway cannot read refuses every request: a
+//! misread `never_leave` must not let data out.
+
+use edgeroute_core::Sensitivity;
+use edgeroute_core::guard::{OnPolicyFailure, Rules};
+
+pub struct Settings {
+    /// The edgeroute node on this server: local work goes there.
+    pub node_url: String,
+    /// The client key the gateway presents to the node (a tenant confined
+    /// to `local`, so the node never sends the gateway's local work out).
+    pub node_key: String,
+    /// The node's local models, as the policy names them.
+    pub local_models: Vec<String>,
+    /// The cloud upstream: its name (as the policy names it), its chat
+    /// completions URL, the model it is asked for, and its key (a secret).
+    pub upstream_name: String,
+    pub upstream_url: String,
+    pub upstream_model: String,
+    pub upstream_key: String,
+    pub rules: Rules,
+    pub detect_pii: bool,
+    /// `[policy.params]` of the node, as `key=value` pairs.
+    pub policy_params: Vec<(String, String)>,
+}
+
+async fn var(name: &str) -> Result<String, String> {
+    spin_sdk::variables::get(name)
+        .await
+        .map_err(|e| format!("Spin variable '{name}': {e}"))
+}
+
+impl Settings {
+    pub async fn load() -> Result<Self, String> {
+        let list = |text: String| -> Vec<String> {
+            text.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect()
+        };
+        let never_leave = list(var("never_leave").await?)
+            .iter()
+            .map(|level| {
+                level
+                    .parse::<Sensitivity>()
+                    .map_err(|e| format!("never_leave: {e}"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let on_policy_failure = match var("on_policy_failure").await?.trim() {
+            "local" => OnPolicyFailure::Local,
+            "error" => OnPolicyFailure::Error,
+            other => {
+                return Err(format!(
+                    "on_policy_failure: '{other}' is not local or error"
+                ));
+            }
+        };
+        let detect_pii = match var("detect_pii").await?.trim() {
+            "true" => true,
+            "false" => false,
+            other => return Err(format!("detect_pii: '{other}' is not true or false")),
+        };
+        let policy_params = list(var("policy_params").await?)
+            .into_iter()
+            .map(|pair| match pair.split_once('=') {
+                Some((k, v)) => Ok((k.trim().to_owned(), v.trim().to_owned())),
+                None => Err(format!("policy_params: '{pair}' is not key=value")),
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            node_url: var("node_url").await?.trim_end_matches('/').to_owned(),
+            node_key: var("node_key").await?,
+            local_models: list(var("local_models").await?),
+            upstream_name: var("upstream_name").await?,
+            upstream_url: var("upstream_url").await?,
+            upstream_model: var("upstream_model").await?,
+            upstream_key: var("upstream_key").await?,
+            rules: Rules {
+                never_leave,
+                on_policy_failure,
+            },
+            detect_pii,
+            policy_params,
+        })
+    }
+
+    pub fn upstreams(&self) -> Vec<String> {
+        if self.upstream_url.is_empty() {
+            Vec::new()
+        } else {
+            vec![self.upstream_name.clone()]
+        }
+    }
+}

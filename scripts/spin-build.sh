@@ -1,0 +1,19 @@
+#!/bin/sh
+# `spin build` (spin.toml) runs this from the repository root: the gateway
+# component and the policy it plugs in, copied to target-wasm/ where
+# spin.toml names them.
+#
+# The policy is built by the same cargo command and into the same target
+# folder as the node's own build (host/build.rs), so target-wasm/
+# policy_default.wasm is byte for byte the policy the node embeds (its
+# /healthz `policy` id is the file's sha256 prefix). The gateway builds
+# there too: that folder is not locked while the node's tests run.
+set -eu
+wasm_dir="${CARGO_TARGET_DIR:-target}/wasm-components"
+cargo build --release --locked --target wasm32-wasip2 \
+    --manifest-path components/Cargo.toml -p policy-default --target-dir "$wasm_dir"
+cargo build --release --locked --target wasm32-wasip2 \
+    --manifest-path components/spin-gateway/Cargo.toml --target-dir "$wasm_dir"
+mkdir -p target-wasm
+cp "$wasm_dir/wasm32-wasip2/release/policy_default.wasm" \
+   "$wasm_dir/wasm32-wasip2/release/spin_gateway.wasm" target-wasm/

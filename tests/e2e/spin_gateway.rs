@@ -1,0 +1,378 @@
+//! The routing itself as a Spin application: the root `spin.toml` built by
+//! the real `spin build` and run by the real `spin up`, its gateway
+//! component placing each request with the node's code and the node's
+//! policy file, beside a node and a recording cloud. Without a Spin CLI the
+//! tests say so and stop (see `spin.rs` for where the CLI comes from).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use edgeroute_testkit::{
+    CLOUD_REPLY, FakeCloud, LOCAL_MODEL, Node, REPO_ROOT, Resp, UPSTREAM, UPSTREAM_MODEL,
+    post_json, unique,
+};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use crate::EDGEROUTE;
+use crate::components::POLICY_CLOUD_V2;
+use crate::spin::{SpinApp, spin};
+
+/// The node's client key for the gateway: a tenant confined to `local`.
+const GATEWAY_TENANT: &str = "[tenants.gateway]\nkeys_env = \"GATEWAY_KEYS\"\ntargets = [\"local\"]\n\
+                              [tenants.direct]\nkeys_env = \"DIRECT_KEYS\"\n";
+
+/// `spin build` of the root application, once per test run, into the
+/// shared target folder's `wasm-components` (the node's own guest build
+/// folder, not locked while the tests run): the policy comes out byte for
+/// byte as the node embeds it.
+fn build_root(spin: &Path) {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let target = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .parent()
+            .expect("CARGO_TARGET_TMPDIR is <target>/tmp");
+        let out = Command::new(spin)
+            .args(["build", "-f", &format!("{REPO_ROOT}/spin.toml")])
+            .env("CARGO_TARGET_DIR", target)
+            .output()
+            .expect("run spin build");
+        assert!(
+            out.status.success(),
+            "spin build failed\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    });
+}
+
+fn root(path: &str) -> PathBuf {
+    Path::new(REPO_ROOT).join(path)
+}
+
+/// The node's policy id: the first 6 bytes of the file's sha256.
+fn policy_id(file: &Path) -> String {
+    let bytes = std::fs::read(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    Sha256::digest(bytes)
+        .iter()
+        .take(6)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+struct Keys {
+    gateway: String,
+    direct: String,
+}
+
+fn node(cloud: &FakeCloud, policy: Option<&str>) -> (Node, Keys) {
+    let keys = Keys {
+        gateway: unique("gateway-key"),
+        direct: unique("direct-key"),
+    };
+    let mut builder = EDGEROUTE
+        .node(cloud)
+        .env("GATEWAY_KEYS", &keys.gateway)
+        .env("DIRECT_KEYS", &keys.direct)
+        .config_extra(GATEWAY_TENANT);
+    if let Some(policy) = policy {
+        builder = builder.policy_component(policy);
+    }
+    (builder.start(), keys)
+}
+
+/// The root app under `spin up` (a manifest, normally the root spin.toml)
+/// with the node, the cloud and the key as its variables.
+fn gateway(
+    spin: &Path,
+    manifest: &Path,
+    node: &Node,
+    keys: &Keys,
+    cloud: &FakeCloud,
+    upstream_url: &str,
+    upstream_key: &str,
+) -> SpinApp {
+    let origin = cloud.url().trim_end_matches("/v1").to_string();
+    SpinApp::launch(
+        spin,
+        manifest,
+        &std::fs::read_to_string(root("runtime-config/spin-runtime-config.toml")).unwrap(),
+        &[
+            ("SPIN_VARIABLE_NODE_URL", node.url()),
+            ("SPIN_VARIABLE_NODE_KEY", keys.gateway.clone()),
+            ("SPIN_VARIABLE_UPSTREAM_URL", upstream_url.to_string()),
+            ("SPIN_VARIABLE_UPSTREAM_ORIGIN", origin),
+            ("SPIN_VARIABLE_UPSTREAM_MODEL", UPSTREAM_MODEL.to_string()),
+            ("SPIN_VARIABLE_UPSTREAM_KEY", upstream_key.to_string()),
+            // The node's test policy parameters (testkit's NodeBuilder).
+            (
+                "SPIN_VARIABLE_POLICY_PARAMS",
+                format!(
+                    "local_model={LOCAL_MODEL},cloud_upstream={UPSTREAM},local_max_prompt_tokens=64"
+                ),
+            ),
+        ],
+    )
+}
+
+/// How a request says it is restricted: a name, the body, the headers.
+type Case<'a> = (&'a str, Value, Vec<(&'a str, &'a str)>);
+
+fn chat(app: &SpinApp, body: &Value, headers: &[(&str, &str)]) -> Resp {
+    post_json(&format!("{}/v1/chat/completions", app.url()), body, headers)
+}
+
+fn ask(prompt: &str) -> Value {
+    json!({"model": "auto", "max_tokens": 8, "temperature": 0,
+           "messages": [{"role": "user", "content": prompt}]})
+}
+
+/// Well over 64 tokens, carrying `canary`.
+fn long_prompt(canary: &str) -> String {
+    format!(
+        "Reference {canary}. Summarise in one line: {}",
+        ["the depot's weekly deliveries grew while fuel costs and driver shortages weighed on the regional schedule"; 4].join("; ")
+    )
+}
+
+#[test]
+fn the_spin_gateway_places_requests_with_the_nodes_policy_file_and_guard() {
+    let spin = match spin() {
+        Ok(spin) => spin,
+        Err(why) => {
+            eprintln!(
+                "SKIPPED the_spin_gateway_places_requests_with_the_nodes_policy_file_and_guard: {why}"
+            );
+            return;
+        }
+    };
+    build_root(&spin);
+    let cloud = FakeCloud::start();
+    let (node, keys) = node(&cloud, None);
+
+    // The Spin app plugs in the very file the node runs: the node's
+    // policy id is the dependency's content hash.
+    let health = node.get("/healthz").json();
+    assert_eq!(
+        health["policy"].as_str(),
+        Some(policy_id(&root("target-wasm/policy_default.wasm")).as_str()),
+        "{health}"
+    );
+    let manifest = std::fs::read_to_string(root("spin.toml")).unwrap();
+    assert!(
+        manifest.contains(
+            r#""edgeroute:routing/router@0.2.0" = { path = "target-wasm/policy_default.wasm" }"#
+        ),
+        "spin.toml's policy dependency moved; this test reads it there"
+    );
+    assert!(!manifest.contains(&keys.gateway));
+
+    let secret = unique("sk-spin-secret");
+    let app = gateway(
+        &spin,
+        &root("spin.toml"),
+        &node,
+        &keys,
+        &cloud,
+        &format!("{}/chat/completions", cloud.url()),
+        &secret,
+    );
+    let direct = format!("Bearer {}", keys.direct);
+
+    // A short prompt: local on the node, as the node itself places it.
+    let short = ask("Name a colour.");
+    let answer = chat(&app, &short, &[]);
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(answer.target(), Some("local:smollm2"), "{answer:?}");
+    assert_ne!(answer.content().as_deref(), Some(CLOUD_REPLY), "{answer:?}");
+    assert_eq!(
+        node.post_chat(short, &[("authorization", &direct)])
+            .target(),
+        answer.target()
+    );
+
+    // A public long prompt: the cloud, with the secret key added, the
+    // upstream's model, and nothing of edgeroute's labels.
+    let before = cloud.chat_requests().len();
+    let canary = unique("gateway-public");
+    let mut body = ask(&long_prompt(&canary));
+    body["metadata"] = json!({"task": "gateway-test-task"});
+    let answer = chat(&app, &body, &[]);
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(answer.target(), Some("cloud:frontier"), "{answer:?}");
+    assert_eq!(answer.content().as_deref(), Some(CLOUD_REPLY), "{answer:?}");
+    cloud.assert_received(&canary, 1);
+    let sent = cloud.requests_mentioning(&canary).remove(0);
+    assert_eq!(
+        sent.header("authorization"),
+        Some(format!("Bearer {secret}").as_str())
+    );
+    assert_eq!(sent.body["model"], UPSTREAM_MODEL);
+    assert!(!sent.mentions("gateway-test-task"), "{}", sent.body_text);
+    assert!(!sent.mentions(&keys.gateway), "the node's key left");
+    assert_eq!(
+        cloud.chat_requests().len(),
+        before + 1,
+        "something else left"
+    );
+    assert_eq!(
+        node.post_chat(body.clone(), &[("authorization", &direct)])
+            .target(),
+        Some("cloud:frontier"),
+        "the node places it the same way"
+    );
+
+    // Streamed, it streams through from the upstream.
+    let mut streamed = ask(&long_prompt(&unique("gateway-stream")));
+    streamed["stream"] = json!(true);
+    let answer = chat(&app, &streamed, &[]);
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(answer.stream().text, CLOUD_REPLY, "{answer:?}");
+
+    // Restricted, however it is said, the same long prompt stays local:
+    // declared in a header (a duplicated one included), in metadata, or
+    // found by detection; the policy would have sent it to the cloud.
+    let cases: [Case; 4] = [
+        (
+            "header",
+            ask(&long_prompt("{c}")),
+            vec![("x-edgeroute-sensitivity", "restricted")],
+        ),
+        (
+            "second header",
+            ask(&long_prompt("{c}")),
+            vec![
+                ("x-edgeroute-sensitivity", "public"),
+                ("x-edgeroute-sensitivity", "restricted"),
+            ],
+        ),
+        (
+            "metadata",
+            {
+                let mut b = ask(&long_prompt("{c}"));
+                b["metadata"] = json!({"sensitivity": "restricted"});
+                b
+            },
+            vec![],
+        ),
+        (
+            "detected",
+            ask(&format!("{} Card 4111 1111 1111 1111.", long_prompt("{c}"))),
+            vec![],
+        ),
+    ];
+    for (how, body, headers) in cases {
+        let canary = unique(&format!("gateway-restricted-{}", how.replace(' ', "-")));
+        let body: Value = serde_json::from_str(&body.to_string().replace("{c}", &canary)).unwrap();
+        let answer = chat(&app, &body, &headers);
+        assert_eq!(answer.status, 200, "{how}: {answer:?}");
+        assert_eq!(answer.target(), Some("local:smollm2"), "{how}: {answer:?}");
+        assert!(
+            answer.reason().is_some_and(|r| r.contains("restricted")),
+            "{how}: {answer:?}"
+        );
+        cloud.assert_received(&canary, 0);
+    }
+
+    // Bad input: the OpenAI envelope, nothing sent anywhere.
+    let before = cloud.requests().len();
+    let answer = post_json(
+        &format!("{}/v1/chat/completions", app.url()),
+        &json!({"messages": []}),
+        &[],
+    );
+    assert_eq!(answer.status, 400, "{answer:?}");
+    assert_eq!(answer.json()["error"]["type"], "invalid_request_error");
+    assert_eq!(cloud.requests().len(), before);
+}
+
+#[test]
+fn the_spin_gateway_reaches_only_allowed_hosts_and_follows_a_swapped_policy() {
+    let spin = match spin() {
+        Ok(spin) => spin,
+        Err(why) => {
+            eprintln!(
+                "SKIPPED the_spin_gateway_reaches_only_allowed_hosts_and_follows_a_swapped_policy: {why}"
+            );
+            return;
+        }
+    };
+    build_root(&spin);
+    let cloud = FakeCloud::start();
+    let elsewhere = FakeCloud::start();
+
+    // The same application with another policy file: the manifest copied
+    // with its files named absolutely and the dependency swapped.
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = dir.path().join("spin.toml");
+    let text = std::fs::read_to_string(root("spin.toml"))
+        .unwrap()
+        .replace("target-wasm/policy_default.wasm", POLICY_CLOUD_V2)
+        .replace(
+            "target-wasm/spin_gateway.wasm",
+            &root("target-wasm/spin_gateway.wasm").display().to_string(),
+        );
+    std::fs::write(&manifest, text).unwrap();
+    let (node, keys) = node(&cloud, Some(POLICY_CLOUD_V2));
+    assert_eq!(
+        node.get("/healthz").json()["policy"].as_str(),
+        Some(policy_id(Path::new(POLICY_CLOUD_V2)).as_str())
+    );
+
+    // An upstream URL outside allowed_outbound_hosts (the origin is the
+    // first cloud's): Spin refuses it, and nothing reaches either cloud.
+    let app = gateway(
+        &spin,
+        &manifest,
+        &node,
+        &keys,
+        &cloud,
+        &format!("{}/chat/completions", elsewhere.url()),
+        "sk-unused",
+    );
+    let canary = unique("gateway-elsewhere");
+    let answer = chat(&app, &ask(&format!("Name a colour. {canary}")), &[]);
+    assert_eq!(answer.status, 502, "{answer:?}");
+    assert!(
+        answer.json()["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("allowed_outbound_hosts")),
+        "{answer:?}"
+    );
+    assert!(elsewhere.requests().is_empty());
+    cloud.assert_received(&canary, 0);
+    drop(app);
+
+    // With the allowed upstream, the swapped policy sends even a short
+    // prompt to the cloud, as it does on the node; restricted still stays.
+    let app = gateway(
+        &spin,
+        &manifest,
+        &node,
+        &keys,
+        &cloud,
+        &format!("{}/chat/completions", cloud.url()),
+        "sk-spin",
+    );
+    let canary = unique("gateway-swapped");
+    let short = ask(&format!("Name a colour. {canary}"));
+    let answer = chat(&app, &short, &[]);
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(answer.target(), Some("cloud:frontier"), "{answer:?}");
+    cloud.assert_received(&canary, 1);
+    let on_node = node.post_chat(
+        short,
+        &[("authorization", &format!("Bearer {}", keys.direct))],
+    );
+    assert_eq!(on_node.target(), answer.target(), "{on_node:?}");
+    let canary = unique("gateway-swapped-restricted");
+    let answer = chat(
+        &app,
+        &ask(&format!("Name a colour. {canary}")),
+        &[("x-edgeroute-sensitivity", "restricted")],
+    );
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(answer.target(), Some("local:smollm2"), "{answer:?}");
+    cloud.assert_received(&canary, 0);
+}

@@ -25,6 +25,8 @@ pub mod metrics;
 pub mod nn;
 pub mod node;
 pub mod policy;
+pub mod preinit;
+pub mod quickack;
 pub mod reload;
 pub mod report;
 pub mod router;

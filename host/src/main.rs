@@ -88,6 +88,11 @@ enum Command {
         #[arg(long, env = "EDGEROUTE_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// Pre-initialise a component (wasmtime's Wizer): run its
+    /// `wizer-initialize` export once and write a component that starts
+    /// from the state it left. `spin build` runs it on the Spin gateway,
+    /// so each request's fresh instance has the detector compiled.
+    Preinit { input: PathBuf, output: PathBuf },
     /// Check a policy component offline, or manage a running node's policy.
     Policy {
         #[command(subcommand)]
@@ -255,6 +260,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let config = load_config(&node)?;
             edgeroute::bench::run(config, options).await
         }
+        Command::Preinit { input, output } => edgeroute::preinit::run(&input, &output).await,
         Command::Report {
             input,
             output,

@@ -67,7 +67,10 @@ pub async fn serve(
         let connection = http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(limits.header_read_timeout)
-            .serve_connection(TokioIo::new(tcp), TowerToHyperService::new(app.clone()));
+            .serve_connection(
+                TokioIo::new(crate::quickack::QuickAck(tcp)),
+                TowerToHyperService::new(app.clone()),
+            );
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
             if let Err(error) = connection.await {

@@ -36,6 +36,7 @@ fn build_root(spin: &Path) {
         let out = Command::new(spin)
             .args(["build", "-f", &format!("{REPO_ROOT}/spin.toml")])
             .env("CARGO_TARGET_DIR", target)
+            .env("EDGEROUTE", env!("CARGO_BIN_EXE_edgeroute"))
             .output()
             .expect("run spin build");
         assert!(

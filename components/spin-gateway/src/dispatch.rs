@@ -72,3 +72,44 @@ async fn post(
         reply::error(StatusCode::BAD_GATEWAY, "server_error", &message)
     })
 }
+
+/// An answer's body with its first frame already read: returned with the
+/// headers, so Spin writes both at once. Spin's listener does not set
+/// `TCP_NODELAY`, and headers written alone would hold the first chunk of
+/// a stream back until the client's delayed ACK (40 ms on Linux).
+pub struct Prefetched {
+    first: Option<http_body::Frame<bytes::Bytes>>,
+    rest: spin_sdk::wasip3::http_compat::IncomingResponseBody,
+}
+
+impl Prefetched {
+    /// Waits for the first frame (or the end) of `response`'s body.
+    pub async fn of(response: Response) -> Result<spin_sdk::http::Response<Prefetched>, ErrorCode> {
+        use http_body_util::BodyExt;
+        let (parts, mut rest) = response.into_parts();
+        let first = rest.frame().await.transpose()?;
+        Ok(spin_sdk::http::Response::from_parts(
+            parts,
+            Prefetched { first, rest },
+        ))
+    }
+}
+
+impl http_body::Body for Prefetched {
+    type Data = bytes::Bytes;
+    type Error = ErrorCode;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        if let Some(first) = self.first.take() {
+            return std::task::Poll::Ready(Some(Ok(first)));
+        }
+        std::pin::Pin::new(&mut self.rest).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.first.is_none() && self.rest.is_end_stream()
+    }
+}

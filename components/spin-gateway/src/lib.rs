@@ -14,6 +14,7 @@
 //! A cascade is judged by the node's confidence header when the client
 //! does not stream; a streamed cascade runs its first hop only.
 
+mod detector;
 mod dispatch;
 mod policy;
 mod reply;
@@ -22,10 +23,11 @@ mod settings;
 
 use edgeroute_core::guard::{self, NodeView, Placement};
 use edgeroute_core::{Refusal, Target};
-use reply::{CONFIDENCE_HEADER, REASON_HEADER, Reply, TARGET_HEADER};
+use reply::{CONFIDENCE_HEADER, REASON_HEADER, TARGET_HEADER};
 use spin_sdk::http::body::IncomingBodyExt;
 use spin_sdk::http::{IntoResponse, Method, Request, StatusCode};
 use spin_sdk::http_service;
+use spin_sdk::wasip3::http::types::ErrorCode;
 
 #[http_service]
 async fn handle(req: Request) -> impl IntoResponse {
@@ -148,20 +150,47 @@ async fn run(
             );
         }
     };
-    match sent {
-        Ok(mut response) => {
-            response
-                .headers_mut()
-                .insert(TARGET_HEADER, reply::header_value(&target.to_string()));
-            response
-                .headers_mut()
-                .insert(REASON_HEADER, reply::header_value(reason));
-            response.into_response()
-        }
+    let response = match sent {
+        Ok(response) => response,
         Err(mut reply) => {
             decision_headers(&mut reply, &target.to_string(), reason);
-            reply.into_response()
+            return reply.into_response();
         }
+    };
+    let broke_off = |e: ErrorCode| {
+        let mut reply = reply::error(
+            StatusCode::BAD_GATEWAY,
+            "server_error",
+            &format!("{target}'s answer broke off: {e:?}"),
+        );
+        decision_headers(&mut reply, &target.to_string(), reason);
+        reply.into_response()
+    };
+    // Never the answer as received: returned as is, it would go out with
+    // its own headers (ours dropped). A whole answer goes out in one piece
+    // with its length; a stream with its first chunk beside the headers.
+    // Spin's listener does not set TCP_NODELAY, so a piece written alone
+    // after the headers waits for the client's delayed ACK (40 ms).
+    if chat.stream {
+        let mut response = match dispatch::Prefetched::of(response).await {
+            Ok(response) => response,
+            Err(e) => return broke_off(e),
+        };
+        reply::drop_hop_by_hop(response.headers_mut());
+        decision_headers(&mut response, &target.to_string(), reason);
+        response.into_response()
+    } else {
+        let (mut parts, body) = response.into_parts();
+        let body = match body.bytes().await {
+            Ok(body) => body,
+            Err(e) => return broke_off(e),
+        };
+        reply::drop_hop_by_hop(&mut parts.headers);
+        parts.headers.remove("content-length");
+        let mut response =
+            spin_sdk::http::Response::from_parts(parts, http_body_util::Full::new(body));
+        decision_headers(&mut response, &target.to_string(), reason);
+        response.into_response()
     }
 }
 
@@ -220,7 +249,7 @@ async fn cascade(
     reply.into_response()
 }
 
-fn decision_headers(reply: &mut Reply, target: &str, reason: &str) {
+fn decision_headers<B>(reply: &mut spin_sdk::http::Response<B>, target: &str, reason: &str) {
     reply
         .headers_mut()
         .insert(TARGET_HEADER, reply::header_value(target));

@@ -12,6 +12,9 @@ spin_sdk::wit_bindgen::generate!({
         package edgeroute:spin-gateway;
         world gateway {
             import edgeroute:routing/router@0.2.0;
+            // Run once at build time by `edgeroute preinit` (Wizer), which
+            // snapshots the memory it leaves.
+            export wizer-initialize: func();
         }
     ",
     path: "../../wit/routing-0.2",
@@ -20,6 +23,16 @@ spin_sdk::wit_bindgen::generate!({
 });
 
 use edgeroute::routing::router;
+
+struct Gateway;
+
+impl Guest for Gateway {
+    fn wizer_initialize() {
+        crate::detector::initialize();
+    }
+}
+
+export!(Gateway);
 use edgeroute::routing::types as wit;
 
 /// `configure` with the operator's params, then `route`. Spin makes a new

@@ -1,7 +1,7 @@
 //! Responses the gateway writes itself: errors in the OpenAI envelope, and
 //! the decision headers the node sends too.
 
-use spin_sdk::http::{HeaderValue, StatusCode};
+use spin_sdk::http::{HeaderMap, HeaderValue, StatusCode};
 
 pub const TARGET_HEADER: &str = "x-edgeroute-target";
 pub const REASON_HEADER: &str = "x-edgeroute-reason";
@@ -42,4 +42,22 @@ pub fn header_value(text: &str) -> HeaderValue {
         })
         .collect();
     HeaderValue::from_str(&clean).unwrap_or(HeaderValue::from_static("?"))
+}
+
+/// Headers of one connection, which WASI HTTP refuses in a response the
+/// component returns (`HeaderError::Forbidden`): a streamed answer from
+/// the node carries `transfer-encoding: chunked`. Spin frames the body
+/// again itself.
+pub fn drop_hop_by_hop(headers: &mut HeaderMap) {
+    for name in [
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "transfer-encoding",
+        "upgrade",
+        "http2-settings",
+        "host",
+    ] {
+        headers.remove(name);
+    }
 }

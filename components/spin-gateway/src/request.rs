@@ -7,7 +7,7 @@ use crate::settings::Settings;
 use edgeroute_core::guard::Facts;
 use edgeroute_core::{Features, SensitivitySet, TextStats};
 use edgeroute_detect::body::{ChatMessage, strict_json};
-use edgeroute_detect::{Detector, Settings as DetectSettings, collect};
+use edgeroute_detect::collect;
 use serde_json::{Map, Value};
 use spin_sdk::http::HeaderMap;
 
@@ -68,8 +68,8 @@ pub fn read(
     let mut sensitivity = SensitivitySet::new();
     collect::declared(&mut sensitivity, &declared, &metadata);
     if settings.detect_pii {
-        let detector = Detector::new(&DetectSettings::default())?;
-        collect::detected(&mut sensitivity, &detector, &messages, &metadata, &rest);
+        let detector = crate::detector::get()?;
+        collect::detected(&mut sensitivity, detector, &messages, &metadata, &rest);
     }
     let level = sensitivity.level();
     let facts = Facts::of_level(level, settings.rules.may_leave(level));

@@ -14,6 +14,7 @@ mod fleet;
 mod fleet_loopback;
 mod observability;
 mod proxy;
+mod spin_gateway;
 mod upstream;
 
 use crate::bindings::target::{ChatRequest, Message};
@@ -80,6 +81,15 @@ pub struct Options {
     /// warm-up); about 15 s of traffic per 100.
     #[arg(long, default_value_t = 600)]
     pub fleet_loopback_requests: usize,
+    /// Only what Spin adds in front of the node: the root spin.toml's
+    /// gateway (non-streaming and first byte) and a Spin app's
+    /// `llm::infer`, under the real `spin up` (`$SPIN` or `spin` on the
+    /// PATH; `spin build` first). Needs no model.
+    #[arg(long)]
+    pub spin_gateway: bool,
+    /// Requests each way in `--spin-gateway`.
+    #[arg(long, default_value_t = 500)]
+    pub spin_requests: u32,
     /// Run only the detection benchmark.
     #[arg(long)]
     pub detection_only: bool,
@@ -283,6 +293,9 @@ pub async fn run(mut config: Config, options: Options) -> anyhow::Result<()> {
     }
     if options.fleet_loopback {
         return fleet_loopback::run(config, options.fleet_loopback_requests).await;
+    }
+    if options.spin_gateway {
+        return spin_gateway::run(config, options.spin_requests).await;
     }
     if options.proxy_only {
         // Its own node, whose upstream is the benchmark's.

@@ -1,0 +1,312 @@
+//! What Spin adds in front of a node, under the real `spin up`, from the
+//! same pooled client in the same run:
+//!
+//! - the gateway (`spin.toml` at the root): a chat request sent to the
+//!   node directly, and through the gateway (Spin's HTTP trigger, a fresh
+//!   instance of the gateway and the policy per request, detection, the
+//!   guard, Spin's outbound HTTP to the node) which places it locally;
+//!   non-streaming latency and streaming time to first byte;
+//! - a Spin app's `llm::infer` (`examples/spin-sample`, when built): its
+//!   `/infer` against the node's own chat endpoint with the same prompt.
+//!
+//! The node is in this process and serves from the paced test backend at a
+//! speed where its own time is a few microseconds, so what is measured is
+//! Spin's and the gateway's part, not the model's. Needs the Spin CLI
+//! (`$SPIN`, else `spin` on the PATH) and `spin build` run at the root (and
+//! in `examples/spin-sample` for the second part).
+
+use super::Spread;
+use super::proxy::serve_on;
+use crate::config::Config;
+use crate::nn::Pace;
+use crate::node::Node;
+use anyhow::{Context, bail};
+use serde_json::json;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Fast enough that a one-token answer takes microseconds.
+const INSTANT_MODEL: Pace = Pace {
+    prefill_tokens_per_s: 1e9,
+    decode_tokens_per_s: 1e9,
+};
+
+/// A `spin up`, stopped with its process group when dropped.
+struct SpinUp {
+    child: Child,
+    url: String,
+}
+
+impl SpinUp {
+    fn start(
+        spin: &Path,
+        manifest: &Path,
+        runtime_config: &Path,
+        env: &[(&str, String)],
+    ) -> anyhow::Result<Self> {
+        use std::os::unix::process::CommandExt;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let mut child = Command::new(spin)
+            .args(["up", "-f"])
+            .arg(manifest)
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .arg("--runtime-config-file")
+            .arg(runtime_config)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .with_context(|| format!("running {}", spin.display()))?;
+        let stdout = child.stdout.take().context("spin up's stdout")?;
+        let mut up = SpinUp {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(line) if line.starts_with("Serving http://") => return Ok(up),
+                Ok(_) => {}
+                Err(_) => {
+                    up.stop();
+                    bail!(
+                        "spin up -f {} did not start serving within 90 s",
+                        manifest.display()
+                    );
+                }
+            }
+        }
+    }
+
+    fn stop(&mut self) {
+        let group = format!("-{}", self.child.id());
+        let _ = Command::new("kill")
+            .args(["-s", "TERM", "--", &group])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for SpinUp {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The Spin CLI: `$SPIN`, else `spin` on the PATH.
+fn spin_cli() -> anyhow::Result<PathBuf> {
+    if let Some(spin) = std::env::var_os("SPIN").filter(|s| !s.is_empty()) {
+        return Ok(spin.into());
+    }
+    if Command::new("spin")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        return Ok("spin".into());
+    }
+    bail!(
+        "no Spin CLI: set SPIN to it or put `spin` on the PATH \
+         (./dev spin unpacks Spin 4.0.2 to $CARGO_TARGET_DIR/spin-4.0.2)"
+    )
+}
+
+fn built(path: &Path, how: &str) -> anyhow::Result<()> {
+    if path.is_file() {
+        Ok(())
+    } else {
+        bail!("{} is not built: {how}", path.display())
+    }
+}
+
+/// One request; (time to the first body byte, to the end).
+async fn post(
+    client: &reqwest::Client,
+    url: &str,
+    body: String,
+) -> anyhow::Result<(Duration, Duration)> {
+    let t0 = Instant::now();
+    let mut response = client
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await?;
+    if !response.status().is_success() {
+        let status = response.status();
+        bail!(
+            "{url} answered {status}: {}",
+            response.text().await.unwrap_or_default()
+        );
+    }
+    let mut first = None;
+    while let Some(chunk) = response.chunk().await? {
+        if !chunk.is_empty() {
+            first.get_or_insert_with(|| t0.elapsed());
+        }
+    }
+    let total = t0.elapsed();
+    Ok((first.unwrap_or(total), total))
+}
+
+/// `requests` pairs, alternating `a` and `b` after a warm-up; the timings
+/// (first byte or whole answer) of each.
+async fn pairs(
+    client: &reqwest::Client,
+    (a, a_body): (&str, &str),
+    (b, b_body): (&str, &str),
+    requests: u32,
+    first_byte: bool,
+) -> anyhow::Result<(Vec<Duration>, Vec<Duration>)> {
+    let pick = |(first, total): (Duration, Duration)| if first_byte { first } else { total };
+    for _ in 0..20 {
+        post(client, a, a_body.to_string()).await?;
+        post(client, b, b_body.to_string()).await?;
+    }
+    let (mut x, mut y) = (Vec::new(), Vec::new());
+    for _ in 0..requests {
+        x.push(pick(post(client, a, a_body.to_string()).await?));
+        y.push(pick(post(client, b, b_body.to_string()).await?));
+    }
+    Ok((x, y))
+}
+
+/// A delay of this much or more is a stall (a 40 ms delayed ACK), not work.
+const STALL: Duration = Duration::from_millis(20);
+
+fn report(what: &str, (direct, through): (Vec<Duration>, Vec<Duration>), via: &str) {
+    let stalls = |v: &[Duration]| v.iter().filter(|d| **d >= STALL).count();
+    let (direct_stalls, through_stalls) = (stalls(&direct), stalls(&through));
+    let n = through.len();
+    let (direct, through) = (Spread::of(direct), Spread::of(through));
+    println!(
+        "  {what}: node directly p50 {:.0} µs, p99 {:.0} µs; {via} p50 {:.0} µs, p99 {:.0} µs; added p50 {:.0} µs, p99 {:.0} µs; stalls of 20 ms or more: {direct_stalls} direct, {through_stalls} {via} (of {n} each)",
+        direct.p50,
+        direct.p99,
+        through.p50,
+        through.p99,
+        through.p50 - direct.p50,
+        through.p99 - direct.p99
+    );
+}
+
+pub async fn run(mut config: Config, requests: u32) -> anyhow::Result<()> {
+    if requests == 0 {
+        bail!("--spin-requests must be at least 1");
+    }
+    let spin = spin_cli()?;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    built(
+        &root.join("target-wasm/spin_gateway.wasm"),
+        "run `spin build` at the repository root",
+    )?;
+    config.local.test_backend = Some(INSTANT_MODEL);
+    config.local.embedding = None;
+    config
+        .spin
+        .models
+        .insert("llama2-chat".into(), "auto".into());
+    let local = config
+        .local
+        .models
+        .first()
+        .context("the config has no local model")?
+        .name
+        .clone();
+    let node = Node::start(config).await?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let node_url = format!("http://{}", listener.local_addr()?);
+    serve_on(listener, &node, std::future::pending());
+
+    let runtime_config = root.join("runtime-config/spin-runtime-config.toml");
+    let gateway = tokio::task::block_in_place(|| {
+        SpinUp::start(
+            &spin,
+            &root.join("spin.toml"),
+            &runtime_config,
+            &[
+                ("SPIN_VARIABLE_NODE_URL", node_url.clone()),
+                ("SPIN_VARIABLE_LOCAL_MODELS", local.clone()),
+            ],
+        )
+    })?;
+    let client = reqwest::Client::new();
+    let chat = |stream: bool| {
+        json!({"model": "auto", "max_tokens": 1, "stream": stream,
+               "messages": [{"role": "user", "content": "What is the weather in Lyon?"}]})
+        .to_string()
+    };
+    println!(
+        "what Spin adds in front of the node: {requests} requests each way, alternating, one pooled client; the node in this process on the paced TEST backend at 1e9 tokens/s (1 token), the gateway under `spin up`"
+    );
+    let direct = format!("{node_url}/v1/chat/completions");
+    let through = format!("{}/v1/chat/completions", gateway.url);
+    for stream in [false, true] {
+        let body = chat(stream);
+        let timings = pairs(
+            &client,
+            (&direct, &body),
+            (&through, &body),
+            requests,
+            stream,
+        )
+        .await?;
+        let what = if stream {
+            "streaming, time to first byte"
+        } else {
+            "non-streaming, whole answer"
+        };
+        report(what, timings, "through the Spin gateway");
+    }
+    drop(gateway);
+
+    let sample = root.join("examples/spin-sample");
+    if built(&sample.join("target-wasm/spin_sample.wasm"), "").is_err() {
+        println!(
+            "  (a Spin app's llm::infer: skipped, examples/spin-sample is not built: `spin build` there)"
+        );
+        return Ok(());
+    }
+    let config =
+        std::env::temp_dir().join(format!("edgeroute-bench-spin-{}.toml", std::process::id()));
+    std::fs::write(
+        &config,
+        format!(
+            "[llm_compute]\ntype = \"remote_http\"\nurl = \"{node_url}\"\nauth_token = \"any\"\napi_type = \"open_ai\"\n"
+        ),
+    )?;
+    let app = tokio::task::block_in_place(|| {
+        SpinUp::start(&spin, &sample.join("spin.toml"), &config, &[])
+    });
+    let _ = std::fs::remove_file(&config);
+    let app = app?;
+    let prompt = "What is the weather in Lyon?";
+    let body = json!({"model": "auto", "max_tokens": 1, "temperature": 0.0,
+                      "messages": [{"role": "user", "content": prompt}]})
+    .to_string();
+    let timings = pairs(
+        &client,
+        (&direct, &body),
+        (&format!("{}/infer?max_tokens=1", app.url), prompt),
+        requests,
+        false,
+    )
+    .await?;
+    report(
+        "a Spin app's llm::infer (open_ai protocol), whole answer",
+        timings,
+        "through the app",
+    );
+    Ok(())
+}

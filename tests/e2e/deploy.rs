@@ -91,9 +91,13 @@ fn the_daemonsets_config_loads_with_a_name_and_url_per_node() {
             .arg(&config)
             .args(extra)
             .env_remove("EDGEROUTE_CONFIG")
-            .env_remove("EDGEROUTE_SPIN_APP_KEYS");
+            .env_remove("EDGEROUTE_SPIN_APP_KEYS")
+            .env_remove("EDGEROUTE_GATEWAY_KEYS");
+        // The Secret holds both tenants' keys.
         if let Some(keys) = spin_keys {
-            command.env("EDGEROUTE_SPIN_APP_KEYS", keys);
+            command
+                .env("EDGEROUTE_SPIN_APP_KEYS", keys)
+                .env("EDGEROUTE_GATEWAY_KEYS", format!("{keys}-gateway"));
         }
         let output = command.output().unwrap();
         assert!(!output.status.success());

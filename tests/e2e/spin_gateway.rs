@@ -93,6 +93,7 @@ fn gateway(
     cloud: &FakeCloud,
     upstream_url: &str,
     upstream_key: &str,
+    policy_params: &str,
 ) -> SpinApp {
     let origin = cloud.url().trim_end_matches("/v1").to_string();
     SpinApp::launch(
@@ -106,19 +107,18 @@ fn gateway(
             ("SPIN_VARIABLE_UPSTREAM_ORIGIN", origin),
             ("SPIN_VARIABLE_UPSTREAM_MODEL", UPSTREAM_MODEL.to_string()),
             ("SPIN_VARIABLE_UPSTREAM_KEY", upstream_key.to_string()),
-            // The node's test policy parameters (testkit's NodeBuilder).
-            (
-                "SPIN_VARIABLE_POLICY_PARAMS",
-                format!(
-                    "local_model={LOCAL_MODEL},cloud_upstream={UPSTREAM},local_max_prompt_tokens=64"
-                ),
-            ),
+            ("SPIN_VARIABLE_POLICY_PARAMS", policy_params.to_string()),
         ],
     )
 }
 
 /// How a request says it is restricted: a name, the body, the headers.
 type Case<'a> = (&'a str, Value, Vec<(&'a str, &'a str)>);
+
+/// The node's test policy parameters (testkit's NodeBuilder).
+fn node_params() -> String {
+    format!("local_model={LOCAL_MODEL},cloud_upstream={UPSTREAM},local_max_prompt_tokens=64")
+}
 
 fn chat(app: &SpinApp, body: &Value, headers: &[(&str, &str)]) -> Resp {
     post_json(&format!("{}/v1/chat/completions", app.url()), body, headers)
@@ -178,6 +178,7 @@ fn the_spin_gateway_places_requests_with_the_nodes_policy_file_and_guard() {
         &cloud,
         &format!("{}/chat/completions", cloud.url()),
         &secret,
+        &node_params(),
     );
     let direct = format!("Bearer {}", keys.direct);
 
@@ -286,6 +287,48 @@ fn the_spin_gateway_places_requests_with_the_nodes_policy_file_and_guard() {
     assert_eq!(answer.status, 400, "{answer:?}");
     assert_eq!(answer.json()["error"]["type"], "invalid_request_error");
     assert_eq!(cloud.requests().len(), before);
+    drop(app);
+
+    // The cascade for every prompt, with a bar no answer clears: the node
+    // answers locally with its confidence, the gateway escalates a public
+    // request through the guard, and keeps a restricted one's local answer.
+    let app = gateway(
+        &spin,
+        &root("spin.toml"),
+        &node,
+        &keys,
+        &cloud,
+        &format!("{}/chat/completions", cloud.url()),
+        &secret,
+        &format!(
+            "local_model={LOCAL_MODEL},cloud_upstream={UPSTREAM},local_max_prompt_tokens=100000,\
+             cascade_from_tokens=1,cascade_min_confidence=1"
+        ),
+    );
+    let canary = unique("gateway-cascade");
+    let answer = chat(&app, &ask(&format!("Name a colour. {canary}")), &[]);
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(answer.target(), Some("cloud:frontier"), "{answer:?}");
+    assert!(
+        answer
+            .reason()
+            .is_some_and(|r| r.contains("escalated: confidence")),
+        "{answer:?}"
+    );
+    cloud.assert_received(&canary, 1);
+    let canary = unique("gateway-cascade-restricted");
+    let answer = chat(
+        &app,
+        &ask(&format!("Name a colour. {canary}")),
+        &[("x-edgeroute-sensitivity", "restricted")],
+    );
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(answer.target(), Some("local:smollm2"), "{answer:?}");
+    assert!(
+        answer.header("x-edgeroute-confidence").is_some(),
+        "the local answer's confidence is shown: {answer:?}"
+    );
+    cloud.assert_received(&canary, 0);
 }
 
 #[test]
@@ -331,6 +374,7 @@ fn the_spin_gateway_reaches_only_allowed_hosts_and_follows_a_swapped_policy() {
         &cloud,
         &format!("{}/chat/completions", elsewhere.url()),
         "sk-unused",
+        &node_params(),
     );
     let canary = unique("gateway-elsewhere");
     let answer = chat(&app, &ask(&format!("Name a colour. {canary}")), &[]);
@@ -355,6 +399,7 @@ fn the_spin_gateway_reaches_only_allowed_hosts_and_follows_a_swapped_policy() {
         &cloud,
         &format!("{}/chat/completions", cloud.url()),
         "sk-spin",
+        &node_params(),
     );
     let canary = unique("gateway-swapped");
     let short = ask(&format!("Name a colour. {canary}"));

@@ -91,8 +91,7 @@ fn gateway(
     node: &Node,
     keys: &Keys,
     cloud: &FakeCloud,
-    upstream_url: &str,
-    upstream_key: &str,
+    (upstream_url, upstream_key): (&str, &str),
     policy_params: &str,
 ) -> SpinApp {
     let origin = cloud.url().trim_end_matches("/v1").to_string();
@@ -176,8 +175,7 @@ fn the_spin_gateway_places_requests_with_the_nodes_policy_file_and_guard() {
         &node,
         &keys,
         &cloud,
-        &format!("{}/chat/completions", cloud.url()),
-        &secret,
+        (&format!("{}/chat/completions", cloud.url()), &secret),
         &node_params(),
     );
     let direct = format!("Bearer {}", keys.direct);
@@ -298,8 +296,7 @@ fn the_spin_gateway_places_requests_with_the_nodes_policy_file_and_guard() {
         &node,
         &keys,
         &cloud,
-        &format!("{}/chat/completions", cloud.url()),
-        &secret,
+        (&format!("{}/chat/completions", cloud.url()), &secret),
         &format!(
             "local_model={LOCAL_MODEL},cloud_upstream={UPSTREAM},local_max_prompt_tokens=100000,\
              cascade_from_tokens=1,cascade_min_confidence=1"
@@ -372,8 +369,10 @@ fn the_spin_gateway_reaches_only_allowed_hosts_and_follows_a_swapped_policy() {
         &node,
         &keys,
         &cloud,
-        &format!("{}/chat/completions", elsewhere.url()),
-        "sk-unused",
+        (
+            &format!("{}/chat/completions", elsewhere.url()),
+            "sk-unused",
+        ),
         &node_params(),
     );
     let canary = unique("gateway-elsewhere");
@@ -397,8 +396,7 @@ fn the_spin_gateway_reaches_only_allowed_hosts_and_follows_a_swapped_policy() {
         &node,
         &keys,
         &cloud,
-        &format!("{}/chat/completions", cloud.url()),
-        "sk-spin",
+        (&format!("{}/chat/completions", cloud.url()), "sk-spin"),
         &node_params(),
     );
     let canary = unique("gateway-swapped");

@@ -8,7 +8,10 @@
 //! out, and refuses the header if a component sets it. So this component
 //! never holds the key and cannot leak it, in a message or anywhere else.
 
+mod sse;
+
 use serde::{Deserialize, Serialize};
+use sse::SseEvents;
 use wasip2::http::outgoing_handler;
 use wasip2::http::types::{
     ErrorCode, Fields, IncomingBody, IncomingResponse, Method, OutgoingBody, OutgoingRequest,
@@ -307,7 +310,9 @@ fn request_body(request: &ChatRequest) -> Result<Vec<u8>, TargetError> {
 /// client sent it.
 fn passthrough_body(request: &ChatRequest, client: &str) -> Result<Vec<u8>, TargetError> {
     let mut body: serde_json::Map<String, serde_json::Value> = serde_json::from_str(client)
-        .map_err(|e| TargetError::Internal(format!("the passthrough request is not a JSON object: {e}")))?;
+        .map_err(|e| {
+            TargetError::Internal(format!("the passthrough request is not a JSON object: {e}"))
+        })?;
     body.insert("model".into(), request.model.clone().into());
     body.insert("stream".into(), request.stream.into());
     // Every length field the client used carries the clamped value (both
@@ -390,7 +395,9 @@ fn parse_reply(bytes: &[u8]) -> Result<UpstreamReply, TargetError> {
 fn tool_call_delta(chunk: &str) -> Option<String> {
     let chunk: serde_json::Value = serde_json::from_str(chunk).ok()?;
     let delta = chunk.pointer("/choices/0/delta")?;
-    let calls = delta.get("tool_calls").or_else(|| delta.get("function_call"))?;
+    let calls = delta
+        .get("tool_calls")
+        .or_else(|| delta.get("function_call"))?;
     let empty = calls.is_null() || calls.as_array().is_some_and(Vec::is_empty);
     (!empty).then(|| delta.to_string())
 }
@@ -403,7 +410,11 @@ fn read_whole(request: &ChatRequest, stream: &InputStream) -> Result<Completion,
     let message = match request.passthrough {
         Some(_) => serde_json::from_slice::<serde_json::Value>(&body)
             .ok()
-            .and_then(|mut whole| whole.pointer_mut("/choices/0/message").map(serde_json::Value::take))
+            .and_then(|mut whole| {
+                whole
+                    .pointer_mut("/choices/0/message")
+                    .map(serde_json::Value::take)
+            })
             .filter(serde_json::Value::is_object)
             .map(|m| m.to_string()),
         None => None,
@@ -506,58 +517,6 @@ fn read_stream(request: &ChatRequest, stream: &InputStream) -> Result<Completion
         model: model.unwrap_or_else(|| request.model.clone()),
         message: None,
     })
-}
-
-/// Splits a server-sent-events body into the data of its events, however
-/// the bytes arrive. Only `data:` fields matter here; an event's data lines
-/// are joined with '\n' and the event ends at a blank line.
-#[derive(Default)]
-struct SseEvents {
-    /// Bytes after the last newline seen.
-    partial: Vec<u8>,
-    /// Data lines of the event being read.
-    data: Option<String>,
-}
-
-impl SseEvents {
-    /// Feeds more of the body; returns the data of each event it completes.
-    fn push(&mut self, bytes: &[u8]) -> Vec<String> {
-        self.partial.extend_from_slice(bytes);
-        let Some(last_newline) = self.partial.iter().rposition(|&b| b == b'\n') else {
-            return Vec::new();
-        };
-        let rest = self.partial.split_off(last_newline + 1);
-        let complete = std::mem::replace(&mut self.partial, rest);
-        let mut done = Vec::new();
-        for line in complete[..last_newline].split(|&b| b == b'\n') {
-            let line = String::from_utf8_lossy(line);
-            self.line(line.strip_suffix('\r').unwrap_or(&line), &mut done);
-        }
-        done
-    }
-
-    /// The end of the body ends its last line and event.
-    fn finish(&mut self) -> Vec<String> {
-        let mut done = self.push(b"\n");
-        self.line("", &mut done);
-        done
-    }
-
-    fn line(&mut self, line: &str, done: &mut Vec<String>) {
-        if line.is_empty() {
-            done.extend(self.data.take());
-        } else if let Some(value) = line.strip_prefix("data:") {
-            let value = value.strip_prefix(' ').unwrap_or(value);
-            match &mut self.data {
-                Some(data) => {
-                    data.push('\n');
-                    data.push_str(value);
-                }
-                None => self.data = Some(value.to_string()),
-            }
-        }
-        // Anything else is a comment (":") or a field we do not use.
-    }
 }
 
 export!(CloudFetch);

@@ -23,7 +23,7 @@ const SPIN_SHA256: &str = "def379f2066e066eac15c8ec834bb56ab9c03f5721016529c0c52
 const SAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/spin-sample");
 
 /// The Spin CLI, or why there is none.
-pub(crate) fn spin() -> Result<PathBuf, String> {
+fn spin() -> Result<PathBuf, String> {
     if let Some(path) = std::env::var_os("SPIN").filter(|p| !p.is_empty()) {
         return Ok(path.into());
     }
@@ -64,6 +64,14 @@ pub(crate) fn spin() -> Result<PathBuf, String> {
         std::fs::rename(&partial, &unpacked).unwrap();
     }
     Ok(unpacked)
+}
+
+/// The Spin CLI; without one the test says it skips, and why (never
+/// silently).
+pub(crate) fn spin_or_skip(test: &str) -> Option<PathBuf> {
+    spin()
+        .inspect_err(|why| eprintln!("SKIPPED {test}: {why}"))
+        .ok()
 }
 
 /// `spin build` of the sample, once per test run. Its own target folder:
@@ -226,14 +234,10 @@ fn long_prompt(canary: &str) -> String {
 
 #[test]
 fn a_spin_apps_llm_calls_are_served_by_the_node_under_both_protocols() {
-    let spin = match spin() {
-        Ok(spin) => spin,
-        Err(why) => {
-            eprintln!(
-                "SKIPPED a_spin_apps_llm_calls_are_served_by_the_node_under_both_protocols: {why}"
-            );
-            return;
-        }
+    let Some(spin) =
+        spin_or_skip("a_spin_apps_llm_calls_are_served_by_the_node_under_both_protocols")
+    else {
+        return;
     };
     build_sample(&spin);
     let cloud = FakeCloud::start();

@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 
 use crate::EDGEROUTE;
 use crate::components::POLICY_CLOUD_V2;
-use crate::spin::{SpinApp, spin};
+use crate::spin::{SpinApp, spin_or_skip};
 
 /// The node's client key for the gateway: a tenant confined to `local`.
 const GATEWAY_TENANT: &str = "[tenants.gateway]\nkeys_env = \"GATEWAY_KEYS\"\ntargets = [\"local\"]\n\
@@ -138,14 +138,10 @@ fn long_prompt(canary: &str) -> String {
 
 #[test]
 fn the_spin_gateway_places_requests_with_the_nodes_policy_file_and_guard() {
-    let spin = match spin() {
-        Ok(spin) => spin,
-        Err(why) => {
-            eprintln!(
-                "SKIPPED the_spin_gateway_places_requests_with_the_nodes_policy_file_and_guard: {why}"
-            );
-            return;
-        }
+    let Some(spin) =
+        spin_or_skip("the_spin_gateway_places_requests_with_the_nodes_policy_file_and_guard")
+    else {
+        return;
     };
     build_root(&spin);
     let cloud = FakeCloud::start();
@@ -330,14 +326,10 @@ fn the_spin_gateway_places_requests_with_the_nodes_policy_file_and_guard() {
 
 #[test]
 fn the_spin_gateway_reaches_only_allowed_hosts_and_follows_a_swapped_policy() {
-    let spin = match spin() {
-        Ok(spin) => spin,
-        Err(why) => {
-            eprintln!(
-                "SKIPPED the_spin_gateway_reaches_only_allowed_hosts_and_follows_a_swapped_policy: {why}"
-            );
-            return;
-        }
+    let Some(spin) =
+        spin_or_skip("the_spin_gateway_reaches_only_allowed_hosts_and_follows_a_swapped_policy")
+    else {
+        return;
     };
     build_root(&spin);
     let cloud = FakeCloud::start();

@@ -48,15 +48,16 @@ async fn call(
     url: &str,
     stream: bool,
 ) -> anyhow::Result<(Duration, Duration)> {
-    send(client, url, body(stream)).await
+    send(client, url, body(stream).to_string()).await
 }
 
-async fn send(
+/// One POST of `body` (JSON, or any text); its time to the first body byte
+/// and to the end. A status other than success is an error.
+pub(super) async fn send(
     client: &reqwest::Client,
     url: &str,
-    body: Value,
+    body: String,
 ) -> anyhow::Result<(Duration, Duration)> {
-    let body = body.to_string();
     let t0 = Instant::now();
     let mut response = client
         .post(url)
@@ -65,7 +66,9 @@ async fn send(
         .send()
         .await?;
     if !response.status().is_success() {
-        bail!("{url} answered {}", response.status());
+        let status = response.status();
+        let why = response.text().await.unwrap_or_default();
+        bail!("{url} answered {status}: {why}");
     }
     let mut first = None;
     while let Some(chunk) = response.chunk().await? {
@@ -206,14 +209,14 @@ async fn peer_hop(mut config: Config, requests: u32) -> anyhow::Result<()> {
     );
     for stream in [false, true] {
         for _ in 0..50 {
-            send(&client, &to_b, plain(stream)).await?;
-            send(&client, &to_a, plain(stream)).await?;
+            send(&client, &to_b, plain(stream).to_string()).await?;
+            send(&client, &to_a, plain(stream).to_string()).await?;
         }
         let (mut direct, mut hop) = (Vec::new(), Vec::new());
         for _ in 0..requests {
             let pick = |(first, total): (Duration, Duration)| if stream { first } else { total };
-            direct.push(pick(send(&client, &to_b, plain(stream)).await?));
-            hop.push(pick(send(&client, &to_a, plain(stream)).await?));
+            direct.push(pick(send(&client, &to_b, plain(stream).to_string()).await?));
+            hop.push(pick(send(&client, &to_a, plain(stream).to_string()).await?));
         }
         let (d, h) = (super::Spread::of(direct), super::Spread::of(hop));
         let what = if stream {

@@ -16,7 +16,7 @@
 //! in `examples/spin-sample` for the second part).
 
 use super::Spread;
-use super::proxy::serve_on;
+use super::proxy::{send as post, serve_on};
 use crate::config::Config;
 use crate::nn::Pace;
 use crate::node::Node;
@@ -128,36 +128,6 @@ fn built(path: &Path, how: &str) -> anyhow::Result<()> {
     } else {
         bail!("{} is not built: {how}", path.display())
     }
-}
-
-/// One request; (time to the first body byte, to the end).
-async fn post(
-    client: &reqwest::Client,
-    url: &str,
-    body: String,
-) -> anyhow::Result<(Duration, Duration)> {
-    let t0 = Instant::now();
-    let mut response = client
-        .post(url)
-        .header("content-type", "application/json")
-        .body(body)
-        .send()
-        .await?;
-    if !response.status().is_success() {
-        let status = response.status();
-        bail!(
-            "{url} answered {status}: {}",
-            response.text().await.unwrap_or_default()
-        );
-    }
-    let mut first = None;
-    while let Some(chunk) = response.chunk().await? {
-        if !chunk.is_empty() {
-            first.get_or_insert_with(|| t0.elapsed());
-        }
-    }
-    let total = t0.elapsed();
-    Ok((first.unwrap_or(total), total))
 }
 
 /// `requests` pairs, alternating `a` and `b` after a warm-up; the timings

@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 
 use edgeroute_testkit::{
     CLOUD_REPLY, FakeCloud, LOCAL_MODEL, Node, REPO_ROOT, Resp, UPSTREAM, UPSTREAM_MODEL,
-    post_json, unique,
+    post_json, post_raw_to, unique,
 };
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -279,6 +279,17 @@ fn the_spin_gateway_places_requests_with_the_nodes_policy_file_and_guard() {
         &[],
     );
     assert_eq!(answer.status, 400, "{answer:?}");
+    assert_eq!(answer.json()["error"]["type"], "invalid_request_error");
+    assert_eq!(cloud.requests().len(), before);
+    // Over the gateway's 1 MiB: refused as it streams in, not held whole.
+    let huge = ask(&"x".repeat((1 << 20) + 1)).to_string();
+    let answer = post_raw_to(
+        app.url(),
+        "/v1/chat/completions",
+        huge.as_bytes(),
+        "application/json",
+    );
+    assert_eq!(answer.status, 413, "{answer:?}");
     assert_eq!(answer.json()["error"]["type"], "invalid_request_error");
     assert_eq!(cloud.requests().len(), before);
     drop(app);

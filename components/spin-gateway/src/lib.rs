@@ -61,15 +61,15 @@ async fn chat(req: Request) -> Answer {
         }
     };
     let headers = req.headers().clone();
-    let bytes = match req.into_body().bytes().await {
-        Ok(b) if b.len() > request::MAX_BODY_BYTES => {
+    let bytes = match read_bounded(req.into_body(), request::MAX_BODY_BYTES).await {
+        Ok(Some(bytes)) => bytes,
+        Ok(None) => {
             return refuse(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "invalid_request_error",
                 &format!("the request body is over {} bytes", request::MAX_BODY_BYTES),
             );
         }
-        Ok(b) => b,
         Err(e) => {
             return refuse(
                 StatusCode::BAD_REQUEST,
@@ -260,6 +260,25 @@ fn decision_headers<B>(reply: &mut spin_sdk::http::Response<B>, target: &str, re
 
 fn refuse(status: StatusCode, kind: &str, message: &str) -> Answer {
     reply::error(status, kind, message).into_response()
+}
+
+/// The body, or None as soon as it passes `limit` bytes: an oversized
+/// body is refused without being held whole in the instance's memory.
+async fn read_bounded<B>(mut body: B, limit: usize) -> Result<Option<bytes::Bytes>, B::Error>
+where
+    B: http_body::Body<Data = bytes::Bytes> + Unpin,
+{
+    use http_body_util::BodyExt;
+    let mut bytes = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame?.into_data() {
+            if bytes.len() + data.len() > limit {
+                return Ok(None);
+            }
+            bytes.extend_from_slice(&data);
+        }
+    }
+    Ok(Some(bytes.freeze()))
 }
 
 /// Unique enough to find a request in the node's and upstream's logs.

@@ -36,6 +36,17 @@ pub fn post_json(url: &str, body: &serde_json::Value, headers: &[(&str, &str)]) 
         .unwrap_or_else(|e| panic!("POST {url} failed: {e}"))
 }
 
+/// `POST base + path` with arbitrary bytes through the raw client (see
+/// [`raw_post`]), to any server on loopback: `base` is `http://HOST:PORT`.
+pub fn post_raw_to(base: &str, path: &str, body: &[u8], content_type: &str) -> Resp {
+    let addr: SocketAddr = base
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap_or_else(|e| panic!("{base} is not http://HOST:PORT: {e}"));
+    raw_post(addr, path, body, content_type, REQUEST_TIMEOUT)
+        .unwrap_or_else(|e| panic!("raw POST {base}{path} ({} bytes) failed: {e}", body.len()))
+}
+
 /// `POST path` with `body` over a fresh connection. Writes the body on one
 /// thread while reading the response on another, so a server that answers
 /// early (413 before reading a large body) and closes is still seen

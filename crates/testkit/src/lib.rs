@@ -50,7 +50,7 @@ mod resp;
 pub use browser::Browser;
 pub use cloud::{FAKE_RATE_LIMIT, FAKE_TOOL_ARGUMENTS, FAKE_TOOL_CALL_ID, FakeCloud, Recorded};
 pub use exclusive::{Exclusive, exclusive};
-pub use http::post_json;
+pub use http::{post_json, post_raw_to};
 pub use names::unique;
 pub use node::{EMBEDDING_NAME, Edgeroute, Node, NodeBuilder};
 pub use redis::Redis;

@@ -92,22 +92,23 @@ fn gateway(
     keys: &Keys,
     cloud: &FakeCloud,
     (upstream_url, upstream_key): (&str, &str),
-    policy_params: &str,
+    variables: &[(&'static str, String)],
 ) -> SpinApp {
     let origin = cloud.url().trim_end_matches("/v1").to_string();
+    let mut env = vec![
+        ("SPIN_VARIABLE_NODE_URL", node.url()),
+        ("SPIN_VARIABLE_NODE_KEY", keys.gateway.clone()),
+        ("SPIN_VARIABLE_UPSTREAM_URL", upstream_url.to_string()),
+        ("SPIN_VARIABLE_UPSTREAM_ORIGIN", origin),
+        ("SPIN_VARIABLE_UPSTREAM_MODEL", UPSTREAM_MODEL.to_string()),
+        ("SPIN_VARIABLE_UPSTREAM_KEY", upstream_key.to_string()),
+    ];
+    env.extend(variables.iter().cloned());
     SpinApp::launch(
         spin,
         manifest,
         &std::fs::read_to_string(root("runtime-config/spin-runtime-config.toml")).unwrap(),
-        &[
-            ("SPIN_VARIABLE_NODE_URL", node.url()),
-            ("SPIN_VARIABLE_NODE_KEY", keys.gateway.clone()),
-            ("SPIN_VARIABLE_UPSTREAM_URL", upstream_url.to_string()),
-            ("SPIN_VARIABLE_UPSTREAM_ORIGIN", origin),
-            ("SPIN_VARIABLE_UPSTREAM_MODEL", UPSTREAM_MODEL.to_string()),
-            ("SPIN_VARIABLE_UPSTREAM_KEY", upstream_key.to_string()),
-            ("SPIN_VARIABLE_POLICY_PARAMS", policy_params.to_string()),
-        ],
+        &env,
     )
 }
 
@@ -115,8 +116,11 @@ fn gateway(
 type Case<'a> = (&'a str, Value, Vec<(&'a str, &'a str)>);
 
 /// The node's test policy parameters (testkit's NodeBuilder).
-fn node_params() -> String {
-    format!("local_model={LOCAL_MODEL},cloud_upstream={UPSTREAM},local_max_prompt_tokens=64")
+fn node_params() -> (&'static str, String) {
+    (
+        "SPIN_VARIABLE_POLICY_PARAMS",
+        format!("local_model={LOCAL_MODEL},cloud_upstream={UPSTREAM},local_max_prompt_tokens=64"),
+    )
 }
 
 fn chat(app: &SpinApp, body: &Value, headers: &[(&str, &str)]) -> Resp {
@@ -172,7 +176,13 @@ fn the_spin_gateway_places_requests_with_the_nodes_policy_file_and_guard() {
         &keys,
         &cloud,
         (&format!("{}/chat/completions", cloud.url()), &secret),
-        &node_params(),
+        &[
+            node_params(),
+            (
+                "SPIN_VARIABLE_DETECT_PATTERNS",
+                r#"[{"kind":"employee-id","regex":"\\bEMP-\\d{6}\\b"}]"#.to_string(),
+            ),
+        ],
     );
     let direct = format!("Bearer {}", keys.direct);
 
@@ -271,6 +281,22 @@ fn the_spin_gateway_places_requests_with_the_nodes_policy_file_and_guard() {
         cloud.assert_received(&canary, 0);
     }
 
+    // The operator's own pattern (the detect_patterns variable, as the
+    // node's [guard] patterns) keeps an otherwise public prompt local.
+    let canary = unique("gateway-operator-pattern");
+    let answer = chat(
+        &app,
+        &ask(&format!("{} Ticket EMP-123456.", long_prompt(&canary))),
+        &[],
+    );
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(answer.target(), Some("local:smollm2"), "{answer:?}");
+    assert!(
+        answer.reason().is_some_and(|r| r.contains("employee-id")),
+        "{answer:?}"
+    );
+    cloud.assert_received(&canary, 0);
+
     // Bad input: the OpenAI envelope, nothing sent anywhere.
     let before = cloud.requests().len();
     let answer = post_json(
@@ -304,10 +330,13 @@ fn the_spin_gateway_places_requests_with_the_nodes_policy_file_and_guard() {
         &keys,
         &cloud,
         (&format!("{}/chat/completions", cloud.url()), &secret),
-        &format!(
-            "local_model={LOCAL_MODEL},cloud_upstream={UPSTREAM},local_max_prompt_tokens=100000,\
-             cascade_from_tokens=1,cascade_min_confidence=1"
-        ),
+        &[(
+            "SPIN_VARIABLE_POLICY_PARAMS",
+            format!(
+                "local_model={LOCAL_MODEL},cloud_upstream={UPSTREAM},local_max_prompt_tokens=100000,\
+                 cascade_from_tokens=1,cascade_min_confidence=1"
+            ),
+        )],
     );
     let canary = unique("gateway-cascade");
     let answer = chat(&app, &ask(&format!("Name a colour. {canary}")), &[]);
@@ -376,7 +405,7 @@ fn the_spin_gateway_reaches_only_allowed_hosts_and_follows_a_swapped_policy() {
             &format!("{}/chat/completions", elsewhere.url()),
             "sk-unused",
         ),
-        &node_params(),
+        &[node_params()],
     );
     let canary = unique("gateway-elsewhere");
     let answer = chat(&app, &ask(&format!("Name a colour. {canary}")), &[]);
@@ -400,7 +429,7 @@ fn the_spin_gateway_reaches_only_allowed_hosts_and_follows_a_swapped_policy() {
         &keys,
         &cloud,
         (&format!("{}/chat/completions", cloud.url()), "sk-spin"),
-        &node_params(),
+        &[node_params()],
     );
     let canary = unique("gateway-swapped");
     let short = ask(&format!("Name a colour. {canary}"));

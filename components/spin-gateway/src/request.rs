@@ -7,7 +7,7 @@ use crate::settings::Settings;
 use edgeroute_core::guard::Facts;
 use edgeroute_core::{Features, SensitivitySet, TextStats};
 use edgeroute_detect::body::{ChatMessage, strict_json};
-use edgeroute_detect::collect;
+use edgeroute_detect::{Settings as DetectSettings, collect};
 use serde_json::{Map, Value};
 use spin_sdk::http::HeaderMap;
 
@@ -69,6 +69,22 @@ pub fn read(
     collect::declared(&mut sensitivity, &declared, &metadata);
     if settings.detect_pii {
         let detector = crate::detector::get()?;
+        // The operator's own patterns and allow list: compiled per request
+        // (a few regexes), on top of the built-in rules in the snapshot.
+        let own;
+        let detector = if settings.detect_patterns.is_empty()
+            && settings.detect_allow.is_empty()
+            && settings.prose_threshold == DetectSettings::default().prose_threshold
+        {
+            detector
+        } else {
+            own = detector.with(&DetectSettings {
+                patterns: &settings.detect_patterns,
+                allow: &settings.detect_allow,
+                prose_threshold: settings.prose_threshold,
+            })?;
+            &own
+        };
         collect::detected(&mut sensitivity, detector, &messages, &metadata, &rest);
     }
     let level = sensitivity.level();

@@ -22,6 +22,10 @@ pub struct Settings {
     pub upstream_key: String,
     pub rules: Rules,
     pub detect_pii: bool,
+    /// The node's `[guard] patterns`, `allow` and `prose_threshold`.
+    pub detect_patterns: Vec<edgeroute_detect::Pattern>,
+    pub detect_allow: Vec<String>,
+    pub prose_threshold: f32,
     /// `[policy.params]` of the node, as `key=value` pairs.
     pub policy_params: Vec<(String, String)>,
 }
@@ -70,6 +74,20 @@ impl Settings {
                 None => Err(format!("policy_params: '{pair}' is not key=value")),
             })
             .collect::<Result<_, _>>()?;
+        let json = |name: &'static str, text: String| {
+            move |e: serde_json::Error| format!("{name}: not a JSON list ({e}): {text}")
+        };
+        let text = var("detect_patterns").await?;
+        let detect_patterns = serde_json::from_str(&text).map_err(json("detect_patterns", text))?;
+        let text = var("detect_allow").await?;
+        let detect_allow = serde_json::from_str(&text).map_err(json("detect_allow", text))?;
+        let text = var("prose_threshold").await?;
+        let prose_threshold = text
+            .trim()
+            .parse::<f32>()
+            .ok()
+            .filter(|t| t.is_finite() && *t > 0.0)
+            .ok_or_else(|| format!("prose_threshold: '{text}' is not a positive number"))?;
         Ok(Self {
             node_url: var("node_url").await?.trim_end_matches('/').to_owned(),
             node_key: var("node_key").await?,
@@ -83,6 +101,9 @@ impl Settings {
                 on_policy_failure,
             },
             detect_pii,
+            detect_patterns,
+            detect_allow,
+            prose_threshold,
             policy_params,
         })
     }

@@ -72,11 +72,26 @@ impl Detector {
     /// The built-in rules plus the operator's patterns, minus its allow
     /// list; an error names the regex that does not compile.
     pub fn new(settings: &Settings) -> Result<Self, String> {
-        let mut rules = rules::builtin();
+        let builtin = Self {
+            rules: rules::builtin(),
+            allow: Vec::new(),
+            prose_threshold: Settings::default().prose_threshold,
+        };
+        builtin.with(settings)
+    }
+
+    /// This detector's rules plus the operator's patterns, with the
+    /// operator's allow list and prose threshold in place of its own. Only
+    /// the operator's regexes are compiled (the rest are shared): the Spin
+    /// gateway keeps the built-in rules compiled in its snapshot and adds
+    /// an operator's per request.
+    pub fn with(&self, settings: &Settings) -> Result<Self, String> {
+        let mut rules = self.rules.clone();
         for p in settings.patterns {
             let pattern =
                 Regex::new(&p.regex).map_err(|e| format!("[guard] pattern '{}': {e}", p.kind))?;
-            // Operator kinds live as long as the node.
+            // Operator kinds live as long as the detector's process (the
+            // node) or instance (a Spin request).
             let kind: &'static str = Box::leak(p.kind.clone().into_boxed_str());
             rules.push(Rule {
                 kind,

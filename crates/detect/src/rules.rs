@@ -17,6 +17,7 @@
 use super::validate as v;
 use regex::Regex;
 
+#[derive(Clone)]
 pub struct Rule {
     pub kind: &'static str,
     /// Group 1, when present, is the value the check reads.

@@ -258,6 +258,11 @@ fn operator_patterns_and_allow_lists() {
     // The public test card is allowed; another valid card is not.
     assert!(d.scan(["test card 4111 1111 1111 1111"]).is_empty());
     assert_eq!(d.scan(["card 5555 5555 5555 4444"]), vec!["payment-card"]);
+    // The same through `with`, on a detector already built.
+    let added = detector().with(&settings).unwrap();
+    assert_eq!(added.scan(["ticket for EMP-123456"]), vec!["employee-id"]);
+    assert!(added.scan(["test card 4111 1111 1111 1111"]).is_empty());
+    assert!(detector().scan(["ticket for EMP-123456"]).is_empty());
     let bad = ["(".to_string()];
     let bad = Settings {
         allow: &bad,

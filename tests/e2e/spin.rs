@@ -225,7 +225,7 @@ impl Drop for SpinApp {
 }
 
 /// Over 64 tokens, so the default policy sends it to the cloud when it may.
-fn long_prompt(canary: &str) -> String {
+pub(crate) fn long_prompt(canary: &str) -> String {
     format!(
         "Reference {canary}. Summarise in one line: {}",
         ["the depot's weekly deliveries grew while fuel costs and driver shortages weighed on the regional schedule"; 4].join("; ")

@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 
 use crate::EDGEROUTE;
 use crate::components::POLICY_CLOUD_V2;
-use crate::spin::{SpinApp, spin_or_skip};
+use crate::spin::{SpinApp, long_prompt, spin_or_skip};
 
 /// The node's client key for the gateway: a tenant confined to `local`.
 const GATEWAY_TENANT: &str = "[tenants.gateway]\nkeys_env = \"GATEWAY_KEYS\"\ntargets = [\"local\"]\n\
@@ -130,14 +130,6 @@ fn chat(app: &SpinApp, body: &Value, headers: &[(&str, &str)]) -> Resp {
 fn ask(prompt: &str) -> Value {
     json!({"model": "auto", "max_tokens": 8, "temperature": 0,
            "messages": [{"role": "user", "content": prompt}]})
-}
-
-/// Well over 64 tokens, carrying `canary`.
-fn long_prompt(canary: &str) -> String {
-    format!(
-        "Reference {canary}. Summarise in one line: {}",
-        ["the depot's weekly deliveries grew while fuel costs and driver shortages weighed on the regional schedule"; 4].join("; ")
-    )
 }
 
 #[test]
@@ -307,6 +299,22 @@ fn the_spin_gateway_places_requests_with_the_nodes_policy_file_and_guard() {
     assert_eq!(answer.status, 400, "{answer:?}");
     assert_eq!(answer.json()["error"]["type"], "invalid_request_error");
     assert_eq!(cloud.requests().len(), before);
+    // A key twice in one object (a client merging objects): refused, not
+    // judged by one copy; nothing reaches the cloud.
+    let canary = unique("gateway-duplicate-key");
+    let doubled = format!(
+        r#"{{"model":"auto","metadata":{{"sensitivity":"restricted","sensitivity":"public"}},"messages":[{{"role":"user","content":"{}"}}]}}"#,
+        long_prompt(&canary)
+    );
+    let answer = post_raw_to(
+        app.url(),
+        "/v1/chat/completions",
+        doubled.as_bytes(),
+        "application/json",
+    );
+    assert_eq!(answer.status, 400, "{answer:?}");
+    assert!(answer.body_text.contains("appears twice"), "{answer:?}");
+    cloud.assert_received(&canary, 0);
     // Over the gateway's 1 MiB: refused as it streams in, not held whole.
     let huge = ask(&"x".repeat((1 << 20) + 1)).to_string();
     let answer = post_raw_to(

@@ -11,7 +11,7 @@ secs="${1:-60}"
 shift || true
 targets=("$@")
 if [[ ${#targets[@]} -eq 0 ]]; then
-    targets=(strict_json sensitivity detect sse)
+    targets=(strict_json request sensitivity detect sse)
 fi
 target_dir="${CARGO_TARGET_DIR:-target}/fuzz"
 corpus_root="${CARGO_TARGET_DIR:-target}/fuzz-corpus"

@@ -1,7 +1,9 @@
-//! OpenAI compatibility on the cloud path: a tool-call round trip with the
+//! OpenAI compatibility on both paths: a tool-call round trip with the
 //! official `openai` client through the recording cloud, every field the
-//! node does not interpret forwarded unchanged, and a request only an
-//! upstream can serve refused (never sent) when it may not leave.
+//! node does not interpret forwarded unchanged; the same round trip on the
+//! local model's tool-call grammar for restricted data (nothing sent); and
+//! a request only an upstream can serve refused (never sent) when it may
+//! not leave.
 
 use std::process::Command;
 
@@ -14,35 +16,14 @@ const OPENAI_TOOLS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/openai
 
 #[test]
 fn a_tool_call_round_trip_with_the_openai_client_reaches_the_cloud_unchanged() {
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned());
     let cloud = FakeCloud::start();
     let node = EDGEROUTE.start(&cloud);
-    let output = Command::new(&python)
-        .arg(OPENAI_TOOLS)
-        .arg(format!("{}/v1", node.url()))
-        .env("NO_PROXY", "127.0.0.1,localhost")
-        .output()
-        .unwrap_or_else(|e| {
-            panic!("run {python} {OPENAI_TOOLS}: {e} (pip install -r tests/requirements.txt)")
-        });
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "{OPENAI_TOOLS} failed\n{stdout}\n{stderr}\n--- node ---\n{}",
-        node.logs()
-    );
-    // A short prompt would run locally; tools put it in the cloud, and the
-    // reason says why.
+    let stdout = run_openai_tools(&node, &[]);
+    // A public request offering tools goes to the cloud: the default
+    // policy already sends it there for the prompt the tools' description
+    // makes (176 tokens), and the local model would not take it anyway.
     let call: Value = serde_json::from_str(stdout.lines().next().unwrap()).unwrap();
     assert_eq!(call["target"], "cloud:frontier", "{stdout}");
-    assert!(
-        call["reason"]
-            .as_str()
-            .unwrap()
-            .contains("cannot serve tool calls"),
-        "{stdout}"
-    );
     assert_eq!(call["tool_calls"][0]["id"], FAKE_TOOL_CALL_ID, "{stdout}");
 
     let sent = cloud.chat_requests();
@@ -69,34 +50,191 @@ fn a_tool_call_round_trip_with_the_openai_client_reaches_the_cloud_unchanged() {
     assert_eq!(messages[2]["tool_call_id"], FAKE_TOOL_CALL_ID);
 }
 
+fn run_openai_tools(node: &edgeroute_testkit::Node, extra: &[&str]) -> String {
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned());
+    let output = Command::new(&python)
+        .arg(OPENAI_TOOLS)
+        .args(extra)
+        .arg(format!("{}/v1", node.url()))
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("run {python} {OPENAI_TOOLS}: {e} (pip install -r tests/requirements.txt)")
+        });
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "{OPENAI_TOOLS} failed\n{stdout}\n{stderr}\n--- node ---\n{}",
+        node.logs()
+    );
+    stdout
+}
+
+#[test]
+fn restricted_tool_calls_are_served_by_the_local_grammar_and_nothing_leaves() {
+    let cloud = FakeCloud::start();
+    // A length threshold above the tools' description: the policy places
+    // these requests locally, so `[local] tool_calls` decides.
+    let node = EDGEROUTE.node(&cloud).local_max_prompt_tokens(2000).start();
+    // The official client's round trip, every request restricted: the call,
+    // the answer after the tool's result, the call streamed.
+    let stdout = run_openai_tools(&node, &["--local"]);
+    let call: Value = serde_json::from_str(stdout.lines().next().unwrap()).unwrap();
+    assert!(
+        call["target"].as_str().unwrap().starts_with("local:"),
+        "{stdout}"
+    );
+    assert_eq!(call["finish_reason"], "tool_calls", "{stdout}");
+    assert!(cloud.chat_requests().is_empty(), "{}", cloud.describe());
+
+    // `tool_choice` naming a function: the call is to that one, whatever
+    // the prompt says; its arguments follow the schema (an integer id).
+    let tools = json!([
+        {"type": "function", "function": {"name": "get_weather",
+         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+        {"type": "function", "function": {"name": "lookup_patient",
+         "parameters": {"type": "object", "properties": {"id": {"type": "integer"}},
+                        "required": ["id"], "additionalProperties": false}}},
+    ]);
+    let body = |stream: bool| {
+        json!({
+            "model": "auto",
+            "messages": [{"role": "user", "content": "Open the file of patient 4471"}],
+            "tools": tools,
+            "tool_choice": {"type": "function", "function": {"name": "lookup_patient"}},
+            "max_tokens": 48,
+            "stream": stream,
+            "metadata": {"sensitivity": "restricted"},
+        })
+    };
+    let resp = node.post_chat(body(false), &[]);
+    assert_eq!(resp.status, 200, "{resp:?}");
+    let choice = &resp.json()["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{resp:?}");
+    let call = &choice["message"]["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "lookup_patient", "{resp:?}");
+    assert!(
+        call["id"].as_str().unwrap().starts_with("call_"),
+        "{resp:?}"
+    );
+    let arguments: Value =
+        serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert!(arguments["id"].is_i64(), "{arguments}");
+    assert_eq!(arguments.as_object().unwrap().len(), 1, "{arguments}");
+
+    // Streamed: one delta carries the whole call, with its index.
+    let streamed = node.post_chat(body(true), &[]);
+    assert_eq!(streamed.status, 200, "{streamed:?}");
+    let chunks: Vec<Value> = streamed
+        .body_text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let delta = chunks
+        .iter()
+        .find_map(|c| c.pointer("/choices/0/delta/tool_calls/0"))
+        .unwrap_or_else(|| panic!("no tool-call delta: {streamed:?}"));
+    assert_eq!(delta["index"], 0);
+    assert_eq!(delta["function"]["name"], "lookup_patient");
+    assert!(
+        chunks
+            .iter()
+            .any(|c| c.pointer("/choices/0/finish_reason") == Some(&json!("tool_calls"))),
+        "{streamed:?}"
+    );
+    assert!(cloud.chat_requests().is_empty(), "{}", cloud.describe());
+
+    // The same request public: by default (`kept`) an upstream serves it.
+    let mut public = body(false);
+    public.as_object_mut().unwrap().remove("metadata");
+    let resp = node.post_chat(public, &[]);
+    assert_eq!(resp.target(), Some("cloud:frontier"), "{resp:?}");
+    assert!(
+        resp.reason()
+            .unwrap()
+            .contains("cannot serve tool calls for a request that may leave"),
+        "{resp:?}"
+    );
+    assert_eq!(cloud.chat_requests().len(), 1, "{}", cloud.describe());
+}
+
+#[test]
+fn tool_calls_always_serves_public_requests_locally_and_never_refuses_restricted_ones() {
+    let cloud = FakeCloud::start();
+    let body = |sensitivity: &str| {
+        json!({
+            "model": "auto",
+            "messages": [{"role": "user", "content": "What time is it?"}],
+            "tools": [{"type": "function", "function": {"name": "get_time"}}],
+            "tool_choice": "required",
+            "max_tokens": 32,
+            "metadata": {"sensitivity": sensitivity},
+        })
+    };
+    // No cascade either: the local answer is the answer.
+    let always = EDGEROUTE
+        .node(&cloud)
+        .local_max_prompt_tokens(2000)
+        .policy_param("cascade_from_tokens", "2000")
+        .local_str("tool_calls", "always")
+        .start();
+    let resp = always.post_chat(body("public"), &[]);
+    assert_eq!(resp.status, 200, "{resp:?}");
+    assert!(resp.target().unwrap().starts_with("local:"), "{resp:?}");
+    assert_eq!(
+        resp.json()["choices"][0]["message"]["tool_calls"][0]["function"]["name"],
+        "get_time",
+        "{resp:?}"
+    );
+    drop(always);
+    let never = EDGEROUTE
+        .node(&cloud)
+        .local_max_prompt_tokens(2000)
+        .local_str("tool_calls", "never")
+        .start();
+    let refused = never.post_chat(body("restricted"), &[]);
+    assert_eq!(refused.status, 400, "{refused:?}");
+    assert_eq!(refused.json()["error"]["code"], "unsupported_locally");
+    assert!(cloud.chat_requests().is_empty(), "{}", cloud.describe());
+}
+
 #[test]
 fn a_request_only_an_upstream_can_serve_is_refused_when_it_may_not_leave() {
     let cloud = FakeCloud::start();
     let node = EDGEROUTE.start(&cloud);
     let tools = json!([{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]);
-    let body = |stream: bool| {
-        json!({
-            "model": "auto",
-            "messages": [{"role": "user", "content": "Find the record"}],
-            "tools": tools,
-            "stream": stream,
-            "metadata": {"sensitivity": "restricted"},
-        })
-    };
-    let refused = node.post_chat(body(false), &[]);
-    assert_eq!(refused.status, 400, "{refused:?}");
-    assert_eq!(
-        refused.json()["error"]["code"],
-        "unsupported_locally",
-        "{refused:?}"
-    );
-    let streamed = node.post_chat(body(true), &[]);
-    assert_eq!(streamed.status, 400, "{streamed:?}");
-    assert_eq!(
-        streamed.json()["error"]["code"],
-        "unsupported_locally",
-        "{streamed:?}"
-    );
+    // Tools beside a response format have no local grammar (nor does a
+    // tool of another type): restricted, such a request is sent nowhere.
+    for (tools, extra) in [
+        (tools.clone(), json!({"type": "json_object"})),
+        (
+            json!([{"type": "custom", "custom": {"name": "grep"}}]),
+            json!(null),
+        ),
+    ] {
+        for stream in [false, true] {
+            let refused = node.post_chat(
+                json!({
+                    "model": "auto",
+                    "messages": [{"role": "user", "content": "Find the record"}],
+                    "tools": tools,
+                    "response_format": extra,
+                    "stream": stream,
+                    "metadata": {"sensitivity": "restricted"},
+                }),
+                &[],
+            );
+            assert_eq!(refused.status, 400, "{refused:?}");
+            assert_eq!(
+                refused.json()["error"]["code"],
+                "unsupported_locally",
+                "{refused:?}"
+            );
+        }
+    }
     assert!(cloud.chat_requests().is_empty(), "{}", cloud.describe());
 
     // A public request offering tools goes to the cloud, with the fields
@@ -114,7 +252,12 @@ fn a_request_only_an_upstream_can_serve_is_refused_when_it_may_not_leave() {
     );
     assert_eq!(resp.status, 200, "{resp:?}");
     assert_eq!(resp.target(), Some("cloud:frontier"), "{resp:?}");
-    assert!(resp.reason().unwrap().contains("tool calls"), "{resp:?}");
+    assert!(
+        resp.reason()
+            .unwrap()
+            .contains("tools together with a response_format"),
+        "{resp:?}"
+    );
     let sent = &cloud.chat_requests()[0].body;
     assert_eq!(
         sent["response_format"],

@@ -134,7 +134,8 @@ pub struct NodeBuilder {
     policy_params: Vec<(String, String)>,
     embedding: bool,
     limits: Vec<(String, u64)>,
-    local: Vec<(String, u64)>,
+    /// `[local]` entries, values as TOML.
+    local: Vec<(String, String)>,
     guard: String,
     extra_toml: String,
 }
@@ -166,7 +167,13 @@ impl NodeBuilder {
 
     /// An extra `[local]` entry (`max_concurrent`, `kv_budget_tokens`, …).
     pub fn local(mut self, key: &str, value: u64) -> Self {
-        self.local.push((key.into(), value));
+        self.local.push((key.into(), value.to_string()));
+        self
+    }
+
+    /// An extra `[local]` entry whose value is text (`tool_calls`).
+    pub fn local_str(mut self, key: &str, value: &str) -> Self {
+        self.local.push((key.into(), toml_string(value)));
         self
     }
 

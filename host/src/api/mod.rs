@@ -375,6 +375,24 @@ fn render(served: Served) -> Response {
     }
 }
 
+/// A finished message's tool calls as one streamed delta: each call whole,
+/// with the `index` streamed calls carry.
+fn tool_calls_delta(message: &serde_json::Value) -> Option<serde_json::Value> {
+    let calls = message.get("tool_calls")?.as_array()?;
+    let calls: Vec<serde_json::Value> = calls
+        .iter()
+        .enumerate()
+        .map(|(index, call)| {
+            let mut call = call.clone();
+            if let Some(fields) = call.as_object_mut() {
+                fields.insert("index".into(), json!(index));
+            }
+            call
+        })
+        .collect();
+    Some(json!({ "tool_calls": calls }))
+}
+
 /// What an SSE response relays.
 enum Relay {
     /// Ended before any text was streamed.
@@ -419,7 +437,9 @@ impl Sse {
                 .await;
             let result = match relay {
                 Relay::Finished(finished) => {
-                    if !finished.text.is_empty() {
+                    if let Some(delta) = finished.message.as_ref().and_then(tool_calls_delta) {
+                        let _ = tx.send(self.chunk(delta, None)).await;
+                    } else if !finished.text.is_empty() {
                         let _ = tx
                             .send(self.chunk(json!({ "content": finished.text }), None))
                             .await;

@@ -3,18 +3,7 @@
 //! a JSON schema converted by llama.cpp). The host hands them to the
 //! backend with the job, so the local-worker component does not change.
 
-use std::sync::Arc;
-
-/// OpenAI allows at most four stop sequences.
-pub const MAX_STOP_SEQUENCES: usize = 4;
-
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Decoding {
-    /// The text ends before the first of these (which is not returned).
-    pub stop: Vec<String>,
-    /// A GBNF grammar (root rule `root`) every completion must follow.
-    pub grammar: Option<Arc<str>>,
-}
+pub use edgeroute_request::Decoding;
 
 /// Finds stop sequences in streamed text. Text that could be the start of
 /// a stop sequence is held back until the next piece shows whether it is,

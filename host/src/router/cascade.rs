@@ -94,7 +94,7 @@ pub(super) async fn judge(
         Some(result) => result,
         None => run::join(&mut run.task).await,
     };
-    let usage = first_result.map_or(Usage::default(), |c| ctx.finished(c).usage);
+    let usage = first_result.map_or(Usage::default(), |c| ctx.finished(&run.target, c).usage);
     ctx.record_leg(Some(&run.target), true, usage, Leg::Escalated, ctx.judged);
     ctx.answer(second, answer).await
 }

@@ -15,6 +15,7 @@ pub mod request;
 mod run;
 
 use crate::bindings::target::{ChatRequest, Completion, Message};
+use crate::config::LocalToolCalls;
 use crate::metrics::ReasonClass;
 use crate::node::Node;
 use crate::policy::PolicyVersion;
@@ -27,6 +28,7 @@ use edgeroute_core::{
 };
 use features::Extracted;
 pub use features::Signals;
+use request::tools;
 pub use request::{Invalid, InvalidKind, Prepared};
 use run::{FirstEvent, Run};
 use std::collections::VecDeque;
@@ -128,6 +130,9 @@ struct Context {
     hops: usize,
     /// Peers already tried: not offered to the guard again.
     tried_peers: Vec<String>,
+    /// The grammar of the request's tool calls, once the local model is
+    /// to serve them (`local_cannot_serve`).
+    tool_grammar: Option<Arc<str>>,
 }
 
 /// A request after policy and guard, not yet dispatched.
@@ -225,6 +230,7 @@ pub async fn decide(
         decision: logged,
         hops: 0,
         tried_peers: Vec::new(),
+        tool_grammar: None,
     };
     if !ctx.facts().may_leave
         && let Some(cloud) = named_cloud(&decision)
@@ -413,10 +419,30 @@ impl Context {
     }
 
     /// What the local model cannot serve: a request that needs an
-    /// upstream (tool calls), or a prompt longer than its context.
-    fn local_cannot_serve(&self) -> Option<LocalFailure> {
+    /// upstream, tool calls `[local] tool_calls` leaves to one (or whose
+    /// schema has no grammar), or a prompt longer than its context.
+    fn local_cannot_serve(&mut self) -> Option<LocalFailure> {
         if let Some(what) = self.request.needs_cloud {
             return Some(LocalFailure::Unsupported(what.to_string()));
+        }
+        if let Some(offered) = &self.request.tools {
+            let mode = self.node.config.local.tool_calls;
+            if !mode.serves(self.facts().may_leave) {
+                let why = match mode {
+                    LocalToolCalls::Never => "tool calls ([local] tool_calls = \"never\")",
+                    _ => "tool calls for a request that may leave ([local] tool_calls = \"kept\")",
+                };
+                return Some(LocalFailure::Unsupported(why.to_string()));
+            }
+            match offered.grammar(&request::schema_grammar) {
+                Ok(grammar) => self.tool_grammar = Some(grammar),
+                Err(e) => {
+                    tracing::info!("a tool's parameters have no local grammar: {e}");
+                    return Some(LocalFailure::Unsupported(
+                        "a tool's parameters schema the local model cannot follow".to_string(),
+                    ));
+                }
+            }
         }
         let context = self.node.config.local.context_size;
         let prompt_tokens = self.features().prompt_tokens;
@@ -427,15 +453,23 @@ impl Context {
     }
 
     fn launch(&self, target: Target, reason: String) -> Run {
+        let mut decoding = self.request.decoding.clone();
+        let mut request = self.chat_request();
+        if target.kind() == TargetKind::Local
+            && let Some(grammar) = &self.tool_grammar
+        {
+            decoding.grammar = Some(grammar.clone());
+            // A call is returned whole, as `tool_calls`, once it is parsed.
+            request.stream = false;
+        }
         let local = run::LocalInputs {
             cache: self.extracted.cache.clone(),
             prompt: self.extracted.prompt.clone(),
-            // Only the local backend reads it: an upstream gets `stop` and
-            // `response_format` in the client's own body.
-            decoding: self.request.decoding.clone(),
+            // Only the local backend reads it: an upstream gets `stop`,
+            // `response_format` and `tools` in the client's own body.
+            decoding,
         };
         let taint = self.taint(&reason);
-        let mut request = self.chat_request();
         // Only an upstream or a peer gets the client's own body: the local
         // model is served from the fields the node interprets.
         if target.leaves_node() {
@@ -551,6 +585,12 @@ impl Context {
         route
     }
 
+    /// The id of a local tool call: the request's, which is unique.
+    fn tool_call_id(&self) -> String {
+        let id = &self.request.id;
+        format!("call_{}", id.strip_prefix("chatcmpl-").unwrap_or(id))
+    }
+
     /// The model name a run's answer carries.
     fn model_label(&self, target: &Target) -> String {
         match target {
@@ -576,18 +616,33 @@ impl Context {
     }
 
     /// Local runs count prompt tokens the same way the features did; an
-    /// upstream's own count wins for cloud runs when it reports one.
-    fn finished(&self, completion: Completion) -> Finished {
+    /// upstream's own count wins for cloud runs when it reports one. A
+    /// local answer under a tool grammar that is a call becomes
+    /// `tool_calls`.
+    fn finished(&self, target: &Target, completion: Completion) -> Finished {
         let prompt_tokens = match completion.usage.prompt_tokens {
             0 => self.features().prompt_tokens,
             n => n,
         };
+        let call = (target.kind() == TargetKind::Local && self.tool_grammar.is_some())
+            .then(|| tools::call_message(&completion.text, &self.tool_call_id()))
+            .flatten();
+        let finish_reason = match call {
+            Some(_) => "tool_calls".to_string(),
+            None => completion.finish_reason,
+        };
         Finished {
-            text: completion.text,
-            message: completion
-                .message
-                .and_then(|m| serde_json::from_str(&m).ok()),
-            finish_reason: completion.finish_reason,
+            text: if call.is_some() {
+                String::new()
+            } else {
+                completion.text
+            },
+            message: call.or_else(|| {
+                completion
+                    .message
+                    .and_then(|m| serde_json::from_str(&m).ok())
+            }),
+            finish_reason,
             usage: Usage {
                 prompt_tokens,
                 completion_tokens: completion.usage.completion_tokens,
@@ -628,7 +683,7 @@ impl Context {
         };
         route.confidence = route.confidence.or_else(|| run.confidence());
         self.judged = route.confidence;
-        let finished = self.finished(completion);
+        let finished = self.finished(&run.target, completion);
         self.account(&run, true, finished.usage).await;
         Ok(self.served(&run, route)(Output::Done(finished)))
     }
@@ -818,7 +873,7 @@ impl Stream {
         run.deltas.close();
         match run::join(&mut run.task).await {
             Ok(completion) => {
-                let finished = ctx.finished(completion);
+                let finished = ctx.finished(&run.target, completion);
                 ctx.account(&run, true, finished.usage).await;
                 Ok(finished)
             }

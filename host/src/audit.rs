@@ -52,6 +52,10 @@ pub struct Record {
     pub bytes_sent: u64,
     /// Whether the upstream answered.
     pub ok: bool,
+    /// The tenant that made the call itself and reported it (a Spin
+    /// gateway, `POST /v1/gateway/egress`); absent for the node's own calls.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub via: Option<String>,
 }
 
 pub fn now_ms() -> u64 {
@@ -257,6 +261,7 @@ mod tests {
             completion_tokens: 5,
             bytes_sent: 321,
             ok: true,
+            via: None,
         }
     }
 

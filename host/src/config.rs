@@ -152,6 +152,11 @@ pub struct TenantConfig {
     /// An environment variable holding keys, comma-separated.
     #[serde(default)]
     pub keys_env: Option<String>,
+    /// Whether this tenant may report cloud calls it made itself
+    /// (`POST /v1/gateway/egress`: a Spin gateway), which the node writes
+    /// into its ledger and egress audit log.
+    #[serde(default)]
+    pub egress_reports: bool,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]

@@ -52,6 +52,7 @@ impl EgressAudit {
             completion_tokens: 0,
             bytes_sent: 0,
             ok: false,
+            via: None,
         }
     }
 

@@ -29,6 +29,8 @@ pub struct Tenant {
     pub sensitivity: Sensitivity,
     /// Whether its requests may run off the node at all.
     pub cloud: bool,
+    /// Whether it may report its own cloud calls (a Spin gateway).
+    pub egress_reports: bool,
     limiter: Option<DefaultDirectRateLimiter>,
 }
 
@@ -38,6 +40,7 @@ impl Tenant {
             name: OPEN.to_string(),
             sensitivity: Sensitivity::Public,
             cloud: true,
+            egress_reports: false,
             limiter: None,
         }
     }
@@ -49,6 +52,7 @@ impl Tenant {
             name: name.to_string(),
             sensitivity: config.sensitivity,
             cloud: config.targets.contains(&TenantTarget::Cloud),
+            egress_reports: config.egress_reports,
             limiter,
         }
     }

@@ -20,7 +20,7 @@ use crate::components::POLICY_CLOUD_V2;
 use crate::spin::{SpinApp, long_prompt, spin_or_skip};
 
 /// The node's client key for the gateway: a tenant confined to `local`.
-const GATEWAY_TENANT: &str = "[tenants.gateway]\nkeys_env = \"GATEWAY_KEYS\"\ntargets = [\"local\"]\n\
+const GATEWAY_TENANT: &str = "[tenants.gateway]\nkeys_env = \"GATEWAY_KEYS\"\ntargets = [\"local\"]\negress_reports = true\n\
                               [tenants.direct]\nkeys_env = \"DIRECT_KEYS\"\n";
 
 /// `spin build` of the root application, once per test run, into the
@@ -127,6 +127,29 @@ fn chat(app: &SpinApp, body: &Value, headers: &[(&str, &str)]) -> Resp {
     post_json(&format!("{}/v1/chat/completions", app.url()), body, headers)
 }
 
+/// The first line of the node's audit log that `wanted` picks, within 10 s
+/// (the gateway reports after answering; the log is written every 50 ms).
+#[track_caller]
+fn wait_for_audit(node: &Node, wanted: impl Fn(&Value) -> bool) -> Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(node.audit_log()).unwrap_or_default();
+        let found = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|line| wanted(line));
+        if let Some(line) = found {
+            return line;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no such audit line:\n{text}\n--- node ---\n{}",
+            node.logs()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 fn ask(prompt: &str) -> Value {
     json!({"model": "auto", "max_tokens": 8, "temperature": 0,
            "messages": [{"role": "user", "content": prompt}]})
@@ -220,6 +243,45 @@ fn the_spin_gateway_places_requests_with_the_nodes_policy_file_and_guard() {
         Some("cloud:frontier"),
         "the node places it the same way"
     );
+
+    // The gateway reported its cloud call to the node (after answering):
+    // a line in the node's egress audit log, marked as the gateway's, and
+    // a cloud request in the gateway tenant's ledger. Never the text.
+    let reported = wait_for_audit(&node, |line| line["via"] == "gateway");
+    assert_eq!(reported["target"], "cloud:frontier", "{reported}");
+    assert_eq!(reported["event"], "egress", "{reported}");
+    assert_eq!(reported["sensitivity"], "public", "{reported}");
+    assert_eq!(reported["ok"], true, "{reported}");
+    let origin = cloud.url().trim_end_matches("/v1").to_string();
+    assert_eq!(
+        Some(reported["host"].as_str().unwrap()),
+        origin.strip_prefix("http://"),
+        "{reported}"
+    );
+    assert!(reported["request_id"].as_str().unwrap().starts_with("gw-"));
+    assert_eq!(
+        reported["bytes_sent"].as_u64(),
+        Some(sent.body_text.len() as u64)
+    );
+    assert!(!reported.to_string().contains(&canary), "{reported}");
+    let gateway_key = format!("Bearer {}", keys.gateway);
+    let ledger = node
+        .get_with("/ledger", &[("authorization", &gateway_key)])
+        .json();
+    let cloud_requests: u64 = ledger["buckets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["tenant"] == "gateway")
+        .map(|b| b["cloud"]["requests"].as_u64().unwrap())
+        .sum();
+    assert_eq!(cloud_requests, 1, "{ledger}");
+    // Only a tenant allowed to report may: the direct client is refused.
+    let forged = json!({"request_id": "forged-1", "target": "cloud:frontier",
+        "policy": "p", "reason": "r", "sensitivity": "public", "prompt_tokens": 1,
+        "completion_tokens": 1, "bytes_sent": 1, "ok": true, "latency_ms": 1.0});
+    let refused = node.post_json("/v1/gateway/egress", forged, &[("authorization", &direct)]);
+    assert_eq!(refused.status, 403, "{refused:?}");
 
     // Streamed, it streams through from the upstream.
     let mut streamed = ask(&long_prompt(&unique("gateway-stream")));

@@ -18,31 +18,41 @@ pub async fn to_node(settings: &Settings, chat: &Chat, model: &str) -> Result<Re
     let level = chat.sensitivity.level().name();
     let url = format!("{}/v1/chat/completions", settings.node_url);
     let mut headers = vec![(SENSITIVITY_HEADER, level.to_string())];
-    if !settings.node_key.is_empty() {
-        headers.push(("authorization", format!("Bearer {}", settings.node_key)));
-    }
-    post(&url, headers, &body, "the edgeroute node").await
+    headers.extend(node_auth(settings));
+    let body = serde_json::to_vec(&body).expect("a JSON map serialises");
+    post(&url, headers, body, "the edgeroute node").await
 }
 
-/// The upstream gets the client's body less `metadata` (edgeroute's
-/// labels), the configured model, and the key; nothing else.
-pub async fn to_cloud(settings: &Settings, chat: &Chat) -> Result<Response, Reply> {
+/// The key the gateway presents to the node, if it has one.
+pub fn node_auth(settings: &Settings) -> Option<(&'static str, String)> {
+    (!settings.node_key.is_empty())
+        .then(|| ("authorization", format!("Bearer {}", settings.node_key)))
+}
+
+/// What the upstream gets: the client's body less `metadata` (edgeroute's
+/// labels), with the configured model.
+pub fn cloud_body(settings: &Settings, chat: &Chat) -> Vec<u8> {
     let mut body = chat.body.clone();
     body.remove("metadata");
     if !settings.upstream_model.is_empty() {
         body.insert("model".into(), settings.upstream_model.clone().into());
     }
+    serde_json::to_vec(&body).expect("a JSON map serialises")
+}
+
+/// `body` (from [`cloud_body`]) to the upstream, with the key; nothing else.
+pub async fn to_cloud(settings: &Settings, body: Vec<u8>) -> Result<Response, Reply> {
     let mut headers = Vec::new();
     if !settings.upstream_key.is_empty() {
         headers.push(("authorization", format!("Bearer {}", settings.upstream_key)));
     }
-    post(&settings.upstream_url, headers, &body, "the cloud upstream").await
+    post(&settings.upstream_url, headers, body, "the cloud upstream").await
 }
 
-async fn post(
+pub async fn post(
     url: &str,
     headers: Vec<(&str, String)>,
-    body: &serde_json::Map<String, serde_json::Value>,
+    body: Vec<u8>,
     what: &str,
 ) -> Result<Response, Reply> {
     let mut request = spin_sdk::http::Request::post(url)
@@ -51,7 +61,6 @@ async fn post(
     for (name, value) in headers {
         request = request.header(name, value);
     }
-    let body = serde_json::to_vec(body).expect("a JSON map serialises");
     let request = request
         .body(http_body_util::Full::new(bytes::Bytes::from(body)))
         .map_err(|e| {

@@ -18,6 +18,7 @@ mod detector;
 mod dispatch;
 mod policy;
 mod reply;
+mod report;
 mod request;
 mod settings;
 
@@ -137,9 +138,15 @@ async fn run(
     target: &Target,
     reason: &str,
 ) -> Answer {
+    // A cloud call is reported to the node's ledger and audit log.
+    let mut call = None;
     let sent = match target {
         Target::Local(model) => dispatch::to_node(settings, chat, model).await,
-        Target::Cloud(_) => dispatch::to_cloud(settings, chat).await,
+        Target::Cloud(_) => {
+            let body = dispatch::cloud_body(settings, chat);
+            call = Some(report::CloudCall::start(settings, chat, reason, body.len()));
+            dispatch::to_cloud(settings, body).await
+        }
         // The gateway shows the policy no peers, so the guard never
         // places one; refuse rather than guess.
         Target::Peer(name) => {
@@ -153,10 +160,14 @@ async fn run(
     let response = match sent {
         Ok(response) => response,
         Err(mut reply) => {
+            if let Some(call) = call {
+                call.finish(false, None);
+            }
             decision_headers(&mut reply, &target.to_string(), reason);
             return reply.into_response();
         }
     };
+    let ok = response.status().is_success();
     let broke_off = |e: ErrorCode| {
         let mut reply = reply::error(
             StatusCode::BAD_GATEWAY,
@@ -172,7 +183,11 @@ async fn run(
     // Spin's listener does not set TCP_NODELAY, so a piece written alone
     // after the headers waits for the client's delayed ACK (40 ms).
     if chat.stream {
-        let mut response = match dispatch::Prefetched::of(response).await {
+        let prefetched = dispatch::Prefetched::of(response).await;
+        if let Some(call) = call {
+            call.finish(ok && prefetched.is_ok(), None);
+        }
+        let mut response = match prefetched {
             Ok(response) => response,
             Err(e) => return broke_off(e),
         };
@@ -181,7 +196,11 @@ async fn run(
         response.into_response()
     } else {
         let (mut parts, body) = response.into_parts();
-        let body = match body.bytes().await {
+        let body = body.bytes().await;
+        if let Some(call) = call {
+            call.finish(ok && body.is_ok(), body.as_deref().ok());
+        }
+        let body = match body {
             Ok(body) => body,
             Err(e) => return broke_off(e),
         };

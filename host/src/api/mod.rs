@@ -9,6 +9,7 @@ mod dashboard;
 mod embeddings;
 pub mod error;
 mod feedback;
+mod gateway;
 pub mod openai;
 mod spin;
 
@@ -54,6 +55,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/models", get(models))
         .route("/v1/feedback", post(feedback::post))
+        .route("/v1/gateway/egress", post(gateway::post))
         .route("/v1/embeddings", post(embeddings::post))
         .merge(spin::routes())
         .route_layer(axum::middleware::from_fn_with_state(

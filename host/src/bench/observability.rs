@@ -64,6 +64,7 @@ pub fn run(node: &Node, route_p99_us: f64) -> anyhow::Result<()> {
             completion_tokens: 64,
             bytes_sent: 3900,
             ok: true,
+            via: None,
         };
         log.write(record);
         audit.push(t.elapsed());

@@ -115,6 +115,17 @@ fn gateway(
 /// How a request says it is restricted: a name, the body, the headers.
 type Case<'a> = (&'a str, Value, Vec<(&'a str, &'a str)>);
 
+/// The policy's cascade for every prompt, escalating below `min_confidence`.
+fn cascade_everywhere(min_confidence: &str) -> (&'static str, String) {
+    (
+        "SPIN_VARIABLE_POLICY_PARAMS",
+        format!(
+            "local_model={LOCAL_MODEL},cloud_upstream={UPSTREAM},local_max_prompt_tokens=100000,\
+             cascade_from_tokens=1,cascade_min_confidence={min_confidence}"
+        ),
+    )
+}
+
 /// The node's test policy parameters (testkit's NodeBuilder).
 fn node_params() -> (&'static str, String) {
     (
@@ -400,13 +411,7 @@ fn the_spin_gateway_places_requests_with_the_nodes_policy_file_and_guard() {
         &keys,
         &cloud,
         (&format!("{}/chat/completions", cloud.url()), &secret),
-        &[(
-            "SPIN_VARIABLE_POLICY_PARAMS",
-            format!(
-                "local_model={LOCAL_MODEL},cloud_upstream={UPSTREAM},local_max_prompt_tokens=100000,\
-                 cascade_from_tokens=1,cascade_min_confidence=1"
-            ),
-        )],
+        &[cascade_everywhere("1")],
     );
     let canary = unique("gateway-cascade");
     let answer = chat(&app, &ask(&format!("Name a colour. {canary}")), &[]);
@@ -419,17 +424,83 @@ fn the_spin_gateway_places_requests_with_the_nodes_policy_file_and_guard() {
         "{answer:?}"
     );
     cloud.assert_received(&canary, 1);
-    let canary = unique("gateway-cascade-restricted");
-    let answer = chat(
-        &app,
-        &ask(&format!("Name a colour. {canary}")),
-        &[("x-edgeroute-sensitivity", "restricted")],
+    // Streamed: judged on the whole local answer, then the cloud's stream.
+    let canary = unique("gateway-cascade-stream");
+    let mut streamed = ask(&format!("Name a colour. {canary}"));
+    streamed["stream"] = json!(true);
+    let answer = chat(&app, &streamed, &[]);
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(answer.target(), Some("cloud:frontier"), "{answer:?}");
+    assert!(
+        answer
+            .reason()
+            .is_some_and(|r| r.contains("escalated: confidence")),
+        "{answer:?}"
     );
+    assert_eq!(answer.stream().text, CLOUD_REPLY, "{answer:?}");
+    cloud.assert_received(&canary, 1);
+
+    let canary = unique("gateway-cascade-restricted");
+    let mut body = ask(&format!("Name a colour. {canary}"));
+    let restricted = [("x-edgeroute-sensitivity", "restricted")];
+    let answer = chat(&app, &body, &restricted);
     assert_eq!(answer.status, 200, "{answer:?}");
     assert_eq!(answer.target(), Some("local:smollm2"), "{answer:?}");
     assert!(
         answer.header("x-edgeroute-confidence").is_some(),
         "the local answer's confidence is shown: {answer:?}"
+    );
+    // Streamed, a restricted request has no second hop to judge for: the
+    // node streams it (the same greedy text).
+    body["stream"] = json!(true);
+    let events = chat(&app, &body, &restricted);
+    assert_eq!(events.target(), Some("local:smollm2"), "{events:?}");
+    assert_eq!(Some(events.stream().text), answer.content(), "{events:?}");
+    cloud.assert_received(&canary, 0);
+    drop(app);
+
+    // A bar every answer clears (0 would turn the cascade off): a public
+    // streamed request is judged on the whole local answer, which is kept
+    // and sent as events: the same greedy text as unstreamed, its
+    // confidence, finish reason and usage.
+    let app = gateway(
+        &spin,
+        &root("spin.toml"),
+        &node,
+        &keys,
+        &cloud,
+        (&format!("{}/chat/completions", cloud.url()), &secret),
+        &[cascade_everywhere("0.001")],
+    );
+    let canary = unique("gateway-cascade-kept");
+    let mut body = ask(&format!("Name a colour. {canary}"));
+    let whole = chat(&app, &body, &[]);
+    assert_eq!(whole.target(), Some("local:smollm2"), "{whole:?}");
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let events = chat(&app, &body, &[]);
+    assert_eq!(events.status, 200, "{events:?}");
+    assert_eq!(events.target(), Some("local:smollm2"), "{events:?}");
+    assert_eq!(
+        events.header("content-type"),
+        Some("text/event-stream"),
+        "{events:?}"
+    );
+    assert!(
+        events.header("x-edgeroute-confidence").is_some(),
+        "{events:?}"
+    );
+    let stream = events.stream();
+    assert_eq!(Some(stream.text.clone()), whole.content(), "{events:?}");
+    assert!(stream.done_last && stream.errors.is_empty(), "{events:?}");
+    assert!(stream.finish_reason.is_some(), "{events:?}");
+    assert_eq!(
+        stream
+            .usage
+            .as_ref()
+            .map(|u| u["completion_tokens"].clone()),
+        Some(whole.json()["usage"]["completion_tokens"].clone()),
+        "{events:?}"
     );
     cloud.assert_received(&canary, 0);
 }

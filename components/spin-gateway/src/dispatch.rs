@@ -13,8 +13,31 @@ use spin_sdk::wasip3::http::types::ErrorCode;
 /// the node judges it the same (a restricted request stays there even if
 /// its key's tenant were not confined to the node).
 pub async fn to_node(settings: &Settings, chat: &Chat, model: &str) -> Result<Response, Reply> {
+    node_request(settings, chat, model, chat.stream).await
+}
+
+/// As [`to_node`], but the whole answer in one JSON body even when the
+/// client streams: what a cascade judges before anything is sent.
+pub async fn to_node_whole(
+    settings: &Settings,
+    chat: &Chat,
+    model: &str,
+) -> Result<Response, Reply> {
+    node_request(settings, chat, model, false).await
+}
+
+async fn node_request(
+    settings: &Settings,
+    chat: &Chat,
+    model: &str,
+    stream: bool,
+) -> Result<Response, Reply> {
     let mut body = chat.body.clone();
     body.insert("model".into(), model.into());
+    if !stream {
+        body.insert("stream".into(), false.into());
+        body.remove("stream_options");
+    }
     let level = chat.sensitivity.level().name();
     let url = format!("{}/v1/chat/completions", settings.node_url);
     let mut headers = vec![(SENSITIVITY_HEADER, level.to_string())];

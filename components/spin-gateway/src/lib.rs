@@ -11,8 +11,10 @@
 //! 4. local work goes to the edgeroute node on this server, cloud work to
 //!    the upstream with the key (a Spin secret) added (`dispatch`).
 //!
-//! A cascade is judged by the node's confidence header when the client
-//! does not stream; a streamed cascade runs its first hop only.
+//! A cascade is judged by the node's confidence header on the whole local
+//! answer; when the client streams, a kept local answer is then sent as
+//! server-sent events in one go (the node itself holds back only the first
+//! `cascade_hold_tokens`).
 
 mod detector;
 mod dispatch;
@@ -116,7 +118,7 @@ async fn chat(req: Request) -> Answer {
             reason,
         } => {
             let reason = format!("{reason}; {level}");
-            let (Some(then), false) = (then, chat.stream) else {
+            let Some(then) = then else {
                 return run(&settings, &chat, &first, &reason).await;
             };
             cascade(
@@ -225,7 +227,7 @@ async fn cascade(
     let Target::Local(model) = first else {
         return run(settings, chat, first, reason).await;
     };
-    let response = match dispatch::to_node(settings, chat, model).await {
+    let response = match dispatch::to_node_whole(settings, chat, model).await {
         Ok(response) => response,
         Err(mut reply) => {
             decision_headers(&mut reply, &first.to_string(), reason);
@@ -258,8 +260,32 @@ async fn cascade(
             );
         }
     };
-    let mut reply = reply::json(status, body);
-    for name in ["content-type", CONFIDENCE_HEADER] {
+    let mut reply = if chat.stream && status.is_success() {
+        let include_usage = chat
+            .body
+            .get("stream_options")
+            .and_then(|o| o.get("include_usage"))
+            .and_then(serde_json::Value::as_bool)
+            .unwrap_or(false);
+        match reply::as_events(&body, include_usage) {
+            Some(events) => reply::events(events),
+            None => {
+                return refuse(
+                    StatusCode::BAD_GATEWAY,
+                    "server_error",
+                    "the node's answer is not a chat completion",
+                );
+            }
+        }
+    } else {
+        reply::json(status, body)
+    };
+    let names: &[&str] = if chat.stream && status.is_success() {
+        &[CONFIDENCE_HEADER]
+    } else {
+        &["content-type", CONFIDENCE_HEADER]
+    };
+    for &name in names {
         if let Some(value) = kept.get(name) {
             reply.headers_mut().insert(name, value.clone());
         }

@@ -28,6 +28,56 @@ pub fn json(status: StatusCode, body: bytes::Bytes) -> Reply {
     reply
 }
 
+/// A whole chat completion as the server-sent events a streaming client
+/// expects (OpenAI's chunk shape): the role, the content or tool calls in
+/// one delta, the finish reason, the usage when asked, `[DONE]`. None when
+/// `completion` is not a chat completion.
+pub fn as_events(completion: &[u8], include_usage: bool) -> Option<bytes::Bytes> {
+    use serde_json::{Value, json};
+    let completion: Value = serde_json::from_slice(completion).ok()?;
+    let choice = completion.get("choices")?.get(0)?;
+    let message = choice.get("message")?;
+    let event = |fields: Value| {
+        let mut chunk = json!({
+            "id": completion["id"],
+            "object": "chat.completion.chunk",
+            "created": completion["created"],
+            "model": completion["model"],
+        });
+        chunk.as_object_mut()?.extend(fields.as_object()?.clone());
+        Some(format!("data: {chunk}\n\n"))
+    };
+    let delta = |delta: Value, finish: &Value| {
+        event(json!({"choices": [{ "index": 0, "delta": delta, "finish_reason": finish }]}))
+    };
+    let mut events = delta(json!({"role": "assistant", "content": ""}), &Value::Null)?;
+    if let Some(calls) = edgeroute_request::tools::streamed_calls(message) {
+        events += &delta(calls, &Value::Null)?;
+    } else if let Some(text) = message.get("content").and_then(Value::as_str)
+        && !text.is_empty()
+    {
+        events += &delta(json!({ "content": text }), &Value::Null)?;
+    }
+    events += &delta(json!({}), choice.get("finish_reason")?)?;
+    if include_usage {
+        events += &event(json!({"choices": [], "usage": completion["usage"]}))?;
+    }
+    events += "data: [DONE]\n\n";
+    Some(events.into())
+}
+
+/// Server-sent events the gateway wrote whole.
+pub fn events(body: bytes::Bytes) -> Reply {
+    let mut reply = spin_sdk::http::Response::new(http_body_util::Full::new(body));
+    let headers = reply.headers_mut();
+    headers.insert(
+        "content-type",
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert("cache-control", HeaderValue::from_static("no-cache"));
+    reply
+}
+
 /// A header value from text the gateway wrote (a reason, a target):
 /// characters a header cannot carry become `?`.
 pub fn header_value(text: &str) -> HeaderValue {

@@ -244,6 +244,24 @@ pub fn call_message(text: &str, call_id: &str) -> Option<Value> {
     }))
 }
 
+/// A finished message's tool calls as one streamed delta: each call whole,
+/// with the `index` streamed calls carry. None when it has no calls.
+pub fn streamed_calls(message: &Value) -> Option<Value> {
+    let calls = message.get("tool_calls")?.as_array()?;
+    let calls: Vec<Value> = calls
+        .iter()
+        .enumerate()
+        .map(|(index, call)| {
+            let mut call = call.clone();
+            if let Some(fields) = call.as_object_mut() {
+                fields.insert("index".into(), index.into());
+            }
+            call
+        })
+        .collect();
+    Some(json!({ "tool_calls": calls }))
+}
+
 /// Rename a GBNF rule wherever it is defined or used, leaving quoted
 /// literals, character classes and comments alone (a property called
 /// `root` is a literal, not the rule).

@@ -23,6 +23,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
+use edgeroute_request::tools;
 use error::ApiError;
 use http_body_util::BodyExt;
 use serde_json::json;
@@ -377,24 +378,6 @@ fn render(served: Served) -> Response {
     }
 }
 
-/// A finished message's tool calls as one streamed delta: each call whole,
-/// with the `index` streamed calls carry.
-fn tool_calls_delta(message: &serde_json::Value) -> Option<serde_json::Value> {
-    let calls = message.get("tool_calls")?.as_array()?;
-    let calls: Vec<serde_json::Value> = calls
-        .iter()
-        .enumerate()
-        .map(|(index, call)| {
-            let mut call = call.clone();
-            if let Some(fields) = call.as_object_mut() {
-                fields.insert("index".into(), json!(index));
-            }
-            call
-        })
-        .collect();
-    Some(json!({ "tool_calls": calls }))
-}
-
 /// What an SSE response relays.
 enum Relay {
     /// Ended before any text was streamed.
@@ -439,7 +422,7 @@ impl Sse {
                 .await;
             let result = match relay {
                 Relay::Finished(finished) => {
-                    if let Some(delta) = finished.message.as_ref().and_then(tool_calls_delta) {
+                    if let Some(delta) = finished.message.as_ref().and_then(tools::streamed_calls) {
                         let _ = tx.send(self.chunk(delta, None)).await;
                     } else if !finished.text.is_empty() {
                         let _ = tx

@@ -457,6 +457,49 @@ fn the_spin_gateway_places_requests_with_the_nodes_policy_file_and_guard() {
     assert_eq!(events.target(), Some("local:smollm2"), "{events:?}");
     assert_eq!(Some(events.stream().text), answer.content(), "{events:?}");
     cloud.assert_received(&canary, 0);
+
+    // Tools, as the node places them: public ones to the cloud (the
+    // node's default `[local] tool_calls = "kept"`), restricted ones to the
+    // node's tool-call grammar; a body the node would refuse is refused
+    // here with the node's message, sent nowhere.
+    let tools = json!([{"type": "function", "function": {"name": "get_time"}}]);
+    let canary = unique("gateway-tools");
+    let mut with_tools = ask(&format!("What time is it? {canary}"));
+    with_tools["tools"] = tools;
+    with_tools["tool_choice"] = json!("required");
+    let answer = chat(&app, &with_tools, &[]);
+    assert_eq!(answer.target(), Some("cloud:frontier"), "{answer:?}");
+    assert!(
+        answer
+            .reason()
+            .is_some_and(|r| r.contains("cannot serve tool calls for a request that may leave")),
+        "{answer:?}"
+    );
+    cloud.assert_received(&canary, 1);
+    with_tools["max_tokens"] = json!(32);
+    let answer = chat(&app, &with_tools, &restricted);
+    assert_eq!(answer.target(), Some("local:smollm2"), "{answer:?}");
+    assert_eq!(
+        answer.json()["choices"][0]["message"]["tool_calls"][0]["function"]["name"],
+        "get_time",
+        "{answer:?}"
+    );
+    let mut custom = ask(&format!("Grep it. {canary}"));
+    custom["tools"] = json!([{"type": "custom", "custom": {"name": "grep"}}]);
+    let refused = chat(&app, &custom, &restricted);
+    assert_eq!(refused.status, 400, "{refused:?}");
+    assert_eq!(refused.json()["error"]["code"], "unsupported_locally");
+    let mut hot = ask(&format!("Name a colour. {canary}"));
+    hot["temperature"] = json!(3);
+    let refused = chat(&app, &hot, &[]);
+    assert_eq!(refused.status, 400, "{refused:?}");
+    assert!(
+        refused
+            .body_text
+            .contains("'temperature' must be between 0 and 2"),
+        "{refused:?}"
+    );
+    cloud.assert_received(&canary, 1);
     drop(app);
 
     // A bar every answer clears (0 would turn the cascade off): a public

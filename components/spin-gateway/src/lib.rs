@@ -24,7 +24,7 @@ mod report;
 mod request;
 mod settings;
 
-use edgeroute_core::guard::{self, NodeView, Placement};
+use edgeroute_core::guard::{self, LocalFailure, NodeView, Placement};
 use edgeroute_core::{Refusal, Target};
 use reply::{CONFIDENCE_HEADER, REASON_HEADER, TARGET_HEADER};
 use spin_sdk::http::body::IncomingBodyExt;
@@ -96,15 +96,42 @@ async fn chat(req: Request) -> Answer {
         peers: &[],
         peer_pick: None,
     };
-    let placement = guard::place(decision, &chat.facts, &view);
+    let placement = match guard::place(decision, &chat.facts, &view) {
+        // What the node's local model would refuse goes where the node
+        // sends it after that refusal: the cloud when the request may
+        // leave, else a refusal (the node's 400 `unsupported_locally`).
+        Placement::Run {
+            target: Target::Local(_),
+            reason,
+        }
+        | Placement::Cascade {
+            first: Target::Local(_),
+            reason,
+            ..
+        } if chat.local_cannot_serve.is_some() => {
+            let what = chat.local_cannot_serve.clone().unwrap_or_default();
+            guard::after_local_failure(
+                &LocalFailure::Unsupported(what),
+                &reason,
+                &chat.facts,
+                &view,
+            )
+        }
+        placement => placement,
+    };
     let level = chat.sensitivity.explain();
     match placement {
         Placement::Refuse(refused) => {
+            // The node's statuses for the same causes (`api/error.rs`).
             let (status, kind) = match refused.cause {
                 Refusal::PolicyRejected { .. } => (StatusCode::FORBIDDEN, "permission_error"),
+                Refusal::Unsupported { .. } | Refusal::PromptTooLong { .. } => {
+                    (StatusCode::BAD_REQUEST, "invalid_request_error")
+                }
                 _ => (StatusCode::SERVICE_UNAVAILABLE, "server_error"),
             };
-            let mut reply = reply::error(status, kind, &refused.cause.to_string());
+            let message = refused.cause.to_string();
+            let mut reply = reply::coded_error(status, kind, refused.cause.code(), &message);
             decision_headers(&mut reply, "none", &format!("{}; {level}", refused.reason));
             reply.into_response()
         }

@@ -13,8 +13,17 @@ pub type Reply = spin_sdk::http::Response<http_body_util::Full<bytes::Bytes>>;
 
 /// `{"error": {"message", "type", "param", "code"}}` with `status`.
 pub fn error(status: StatusCode, kind: &str, message: &str) -> Reply {
+    error_body(status, kind, serde_json::Value::Null, message)
+}
+
+/// As [`error`], with the node's `code` for the same refusal.
+pub fn coded_error(status: StatusCode, kind: &str, code: &str, message: &str) -> Reply {
+    error_body(status, kind, code.into(), message)
+}
+
+fn error_body(status: StatusCode, kind: &str, code: serde_json::Value, message: &str) -> Reply {
     let body = serde_json::json!({
-        "error": {"message": message, "type": kind, "param": null, "code": null}
+        "error": {"message": message, "type": kind, "param": null, "code": code}
     });
     json(status, body.to_string().into())
 }

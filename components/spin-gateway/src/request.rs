@@ -1,12 +1,13 @@
-//! A chat request read the node's way (`edgeroute_detect::body`): strict
-//! JSON, messages and their text, every declared and detected level, and
-//! the features the policy sees.
+//! A chat request read the node's way: the node's own parser
+//! (`edgeroute_request`: strict JSON, the same 400s, messages with offered
+//! tools described), every declared and detected level
+//! (`edgeroute_detect`), the features the policy sees, and what the local
+//! model cannot serve.
 
 use crate::reply::{BUDGET_HEADER, SENSITIVITY_HEADER};
 use crate::settings::Settings;
 use edgeroute_core::guard::Facts;
 use edgeroute_core::{Features, SensitivitySet, TextStats};
-use edgeroute_detect::body::{ChatMessage, strict_json};
 use edgeroute_detect::{Settings as DetectSettings, collect};
 use serde_json::{Map, Value};
 use spin_sdk::http::HeaderMap;
@@ -21,6 +22,9 @@ pub struct Chat {
     pub sensitivity: SensitivitySet,
     pub facts: Facts,
     pub features: Features,
+    /// Why the node's local model would not serve it, if it would not: the
+    /// guard then places it as the node does after such a local failure.
+    pub local_cannot_serve: Option<String>,
 }
 
 pub fn read(
@@ -29,32 +33,16 @@ pub fn read(
     settings: &Settings,
     id: String,
 ) -> Result<Chat, String> {
-    let body = match strict_json(bytes).map_err(|e| e.to_string())? {
-        Value::Object(body) => body,
-        _ => return Err("the request body must be a JSON object".into()),
-    };
-    let raw: Vec<ChatMessage> = match body.get("messages") {
-        Some(m) => serde_json::from_value(m.clone())
-            .map_err(|e| format!("'messages' is not a list of chat messages: {e}"))?,
-        None => return Err("'messages' is required".into()),
-    };
-    if raw.is_empty() {
-        return Err("'messages' must contain at least one message".into());
+    // Schemas are the node's to convert (it has llama.cpp): here any
+    // converts, so a response_format never counts as upstream-only.
+    let prepared = edgeroute_request::parse(bytes, u32::MAX, id.clone(), 0, &|_| Ok(String::new()))
+        .map_err(|invalid| invalid.message)?;
+    let mut body = prepared.passthrough;
+    let metadata = prepared.metadata;
+    if !metadata.is_empty() {
+        body.insert("metadata".into(), Value::Object(metadata.clone()));
     }
-    let messages = raw
-        .iter()
-        .enumerate()
-        .map(|(i, m)| {
-            m.text()
-                .map(|t| (m.role.clone(), t))
-                .map_err(|why| format!("messages[{i}]: {why}"))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let metadata = match body.get("metadata") {
-        Some(Value::Object(m)) => m.clone(),
-        Some(Value::Null) | None => Map::new(),
-        Some(_) => return Err("'metadata' must be an object".into()),
-    };
+    let messages = prepared.messages;
     let mut rest = body.clone();
     rest.remove("metadata");
 
@@ -90,12 +78,15 @@ pub fn read(
     let level = sensitivity.level();
     let facts = Facts::of_level(level, settings.rules.may_leave(level));
 
-    let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
-    let max_tokens = ["max_completion_tokens", "max_tokens"]
-        .iter()
-        .find_map(|k| body.get(*k).and_then(Value::as_u64))
-        .unwrap_or(256)
-        .min(u32::MAX as u64) as u32;
+    let (stream, max_tokens) = (prepared.stream, prepared.max_tokens);
+    // As the node with its default `[local] tool_calls = "kept"`.
+    let local_cannot_serve = match (prepared.needs_cloud, &prepared.tools) {
+        (Some(what), _) => Some(what.to_string()),
+        (None, Some(_)) if facts.may_leave => Some(
+            "tool calls for a request that may leave ([local] tool_calls = \"kept\")".to_string(),
+        ),
+        _ => None,
+    };
     let latency_budget_ms = headers
         .get(BUDGET_HEADER)
         .and_then(|v| v.to_str().ok())
@@ -140,5 +131,6 @@ pub fn read(
         sensitivity,
         facts,
         features,
+        local_cannot_serve,
     })
 }

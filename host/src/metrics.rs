@@ -66,6 +66,9 @@ pub enum ReasonClass {
     /// The policy failed and the node's safe default placed it.
     PolicyFailure,
     Refused,
+    /// A cloud call a Spin gateway made itself and reported
+    /// (`POST /v1/gateway/egress`).
+    Reported,
 }
 
 impl ReasonClass {
@@ -77,6 +80,7 @@ impl ReasonClass {
             ReasonClass::Override => "override",
             ReasonClass::PolicyFailure => "policy_failure",
             ReasonClass::Refused => "refused",
+            ReasonClass::Reported => "reported",
         }
     }
 }

@@ -287,12 +287,36 @@ fn the_spin_gateway_places_requests_with_the_nodes_policy_file_and_guard() {
         .map(|b| b["cloud"]["requests"].as_u64().unwrap())
         .sum();
     assert_eq!(cloud_requests, 1, "{ledger}");
+    let metrics = node.get("/metrics").body_text;
+    let reported: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("edgeroute_requests_total{") && l.contains("reason=\"reported\""))
+        .collect();
+    assert_eq!(reported.len(), 1, "{metrics}");
+    assert!(
+        reported[0].contains("placement=\"cloud\"") && reported[0].ends_with(" 1"),
+        "{reported:?}"
+    );
     // Only a tenant allowed to report may: the direct client is refused.
     let forged = json!({"request_id": "forged-1", "target": "cloud:frontier",
         "policy": "p", "reason": "r", "sensitivity": "public", "prompt_tokens": 1,
         "completion_tokens": 1, "bytes_sent": 1, "ok": true, "latency_ms": 1.0});
-    let refused = node.post_json("/v1/gateway/egress", forged, &[("authorization", &direct)]);
+    let refused = node.post_json(
+        "/v1/gateway/egress",
+        forged.clone(),
+        &[("authorization", &direct)],
+    );
     assert_eq!(refused.status, 403, "{refused:?}");
+    // And a report must name a cloud target.
+    let mut local = forged;
+    local["target"] = json!("local:smollm2");
+    let refused = node.post_json(
+        "/v1/gateway/egress",
+        local,
+        &[("authorization", &gateway_key)],
+    );
+    assert_eq!(refused.status, 400, "{refused:?}");
+    assert_eq!(refused.json()["error"]["param"], "target", "{refused:?}");
 
     // Streamed, it streams through from the upstream.
     let mut streamed = ask(&long_prompt(&unique("gateway-stream")));

@@ -48,6 +48,8 @@ struct Report {
 
 /// Longest text field a report may carry: ids and reasons, not content.
 const MAX_FIELD: usize = 1024;
+/// A day: longer is not a call's latency (and would overflow a Duration).
+const MAX_LATENCY_MS: f64 = 86_400_000.0;
 
 pub async fn post(
     State(node): State<Arc<Node>>,
@@ -88,9 +90,11 @@ pub async fn post(
         &report.reason,
         report.host.as_deref().unwrap_or(""),
     ];
-    if texts.iter().any(|t| t.len() > MAX_FIELD) || !report.latency_ms.is_finite() {
+    if texts.iter().any(|t| t.len() > MAX_FIELD)
+        || !(0.0..=MAX_LATENCY_MS).contains(&report.latency_ms)
+    {
         return Err(ApiError::bad_request(format!(
-            "a report's text fields are at most {MAX_FIELD} bytes and latency_ms a number"
+            "a report's text fields are at most {MAX_FIELD} bytes and latency_ms is from 0 to {MAX_LATENCY_MS}"
         )));
     }
     if node.config.guard.never_leave.contains(&report.sensitivity) {
@@ -124,13 +128,26 @@ pub async fn post(
         tenant: &tenant.name,
         task: "",
         usage,
-        latency_ms: report.latency_ms.max(0.0),
+        latency_ms: report.latency_ms,
         cost_usd,
         latency_budget_ms: None,
         confidence: None,
         escalated: false,
     });
+    // In /metrics as a request of its own class, and as data let out.
+    node.metrics.request(&crate::metrics::Finished {
+        placement: Some(TargetKind::Cloud),
+        reason: crate::metrics::ReasonClass::Reported,
+        sensitivity: report.sensitivity.name(),
+        ok: report.ok,
+        duration: std::time::Duration::from_secs_f64(report.latency_ms / 1e3),
+        first_text: None,
+        completion_tokens: report.completion_tokens,
+    });
     let audit = &node.cloud.audit;
+    audit
+        .allowed
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     audit.write(crate::audit::Record {
         at_ms: crate::audit::now_ms(),
         event: Event::Egress,

@@ -301,7 +301,9 @@ pub struct LocalConfig {
     /// SmolLM2-135M), allocated at start: running generations reserve
     /// their prompt plus completion budget, and finished ones stay in the
     /// rest for prefix reuse until the cells are needed. A request that
-    /// does not fit beside the running ones waits. At least `context_size`.
+    /// does not fit beside the running ones waits if it may not leave the
+    /// node (one that may is refused as unavailable and goes on to the
+    /// guard's fallback). At least `context_size`.
     pub kv_budget_tokens: u32,
     pub models: Vec<ModelConfig>,
     /// The sentence-embedding model: `/v1/embeddings`, and the prompt

@@ -1,7 +1,8 @@
 //! Continuous batching end to end: concurrent greedy requests decoded in
 //! one batch say exactly what they say one at a time, a stream whose client
 //! leaves frees its sequence and its KV cells at once, and a request that
-//! does not fit in the KV budget beside the running ones waits for them.
+//! does not fit in the KV budget beside the running ones waits for them
+//! when it may not leave (one that may goes to the cloud).
 
 use edgeroute_testkit::{FakeCloud, LOCAL_MODEL, Node};
 use serde_json::{Value, json};
@@ -48,16 +49,20 @@ fn batched_node(cloud: &FakeCloud, width: u64, kv_budget: u64) -> Node {
 /// Send a chat request on a raw connection and leave it open: the caller
 /// drops the stream to leave.
 fn start_long(node: &Node, stream: bool) -> TcpStream {
+    node.open_chat(&long_story(stream))
+}
+
+fn long_story(stream: bool) -> Value {
     // At temperature 2 the small model rarely samples its end token: with
     // this seed it runs to max_tokens.
-    node.open_chat(&json!({
+    json!({
         "model": LOCAL_MODEL,
         "messages": [{"role": "user", "content": "Write a very long story."}],
         "max_tokens": 1500,
         "temperature": 2.0,
         "seed": 1,
         "stream": stream,
-    }))
+    })
 }
 
 /// Poll the batch until `check` holds.
@@ -166,7 +171,20 @@ fn a_request_that_does_not_fit_the_kv_budget_waits_for_the_running_one() {
     wait_for(&node, "the first generation starting", |b| {
         b["running"] == 1
     });
-    let second = start_long(&node, false);
+    // A public request that does not fit does not wait: the guard's
+    // fallback sends it to the cloud at once, and the reason says why.
+    let public = node.post_chat(long_story(false), &[]);
+    assert_eq!(public.target(), Some("cloud:frontier"), "{public:?}");
+    assert!(
+        public
+            .reason()
+            .is_some_and(|r| r.contains("the KV cache is full")),
+        "{public:?}"
+    );
+    // A restricted one waits for the cells.
+    let mut restricted = long_story(false);
+    restricted["metadata"] = json!({"sensitivity": "restricted"});
+    let second = node.open_chat(&restricted);
     let load = wait_for(&node, "the second request waiting", |b| b["waiting"] == 1);
     assert_eq!(load["running"], 1, "{load}");
     assert!(

@@ -10,7 +10,9 @@
 //! sequence reserves its prompt plus its completion budget when admitted;
 //! a finished one stays as an idle sequence for prefix reuse (see
 //! `prefix.rs`) until its cells are needed, least recently used first. A
-//! request that does not fit beside the running ones waits for them.
+//! request that does not fit beside the running ones waits for them (the
+//! local target sends one that may leave the node elsewhere instead:
+//! `targets/local.rs`, `kv_full`).
 //!
 //! The wasi-nn backend submits a prompt and then blocks on the sequence's
 //! events, one per token, so the local-worker component does not change.
@@ -63,6 +65,8 @@ pub(super) struct Shared {
     pub(super) waiting: AtomicU32,
     /// Cells reserved by running sequences plus cells held by idle ones.
     kv_used: AtomicU32,
+    /// Cells reserved by running sequences only (idle ones can be evicted).
+    kv_reserved: AtomicU32,
 }
 
 pub(super) struct Submit {
@@ -95,6 +99,9 @@ pub struct BatchLoad {
     pub running: u32,
     pub waiting: u32,
     pub kv_used: u32,
+    /// Cells running sequences hold: a newcomer needing more than the
+    /// budget minus these waits for one of them to finish.
+    pub kv_reserved: u32,
     pub kv_budget: u32,
     pub idle_sequences: u32,
 }
@@ -117,6 +124,7 @@ impl Scheduler {
             running: AtomicU32::new(0),
             waiting: AtomicU32::new(0),
             kv_used: AtomicU32::new(0),
+            kv_reserved: AtomicU32::new(0),
         });
         let (inbox, requests) = mpsc::channel();
         let (ready_tx, ready) = mpsc::sync_channel(1);
@@ -207,6 +215,7 @@ impl Scheduler {
             running: self.shared.running.load(Ordering::Relaxed),
             waiting: self.shared.waiting.load(Ordering::Relaxed),
             kv_used: self.shared.kv_used.load(Ordering::Relaxed),
+            kv_reserved: self.shared.kv_reserved.load(Ordering::Relaxed),
             kv_budget: self.budget,
             idle_sequences: idle.len() as u32,
         }
@@ -629,5 +638,7 @@ impl Batcher<'_> {
             .waiting
             .store(self.waiting.len() as u32, Ordering::Relaxed);
         self.shared.kv_used.store(self.kv_used(), Ordering::Relaxed);
+        let reserved = self.running.iter().map(|r| r.reserved).sum::<u32>();
+        self.shared.kv_reserved.store(reserved, Ordering::Relaxed);
     }
 }

@@ -81,6 +81,23 @@ impl LocalTarget {
     }
 
     /// The batch scheduler's load on `model`.
+    /// Why `job` would wait for KV cells on `model` now, if it would: its
+    /// prompt plus completion budget does not fit beside what running
+    /// sequences hold (idle sequences are evicted for it, so they do not
+    /// count). As of the scheduler's last step: two requests arriving
+    /// together may both pass, and the second then waits as before.
+    fn kv_full(&self, model: &str, job: &Job) -> Option<String> {
+        let load = self.batch_load(model)?;
+        let prompt = job.prompt.as_ref().map_or(0, |p| p.tokens.len() as u32);
+        let needs = prompt + job.request.max_tokens;
+        (load.kv_reserved + needs > load.kv_budget).then(|| {
+            format!(
+                "the KV cache is full: {} of {} cells reserved, this request needs {needs}",
+                load.kv_reserved, load.kv_budget
+            )
+        })
+    }
+
     pub fn batch_load(&self, model: &str) -> Option<BatchLoad> {
         Some(self.models.get(model)?.load())
     }
@@ -204,9 +221,17 @@ impl super::Backend for LocalTarget {
         &'a self,
         name: &'a str,
         mut job: Job,
-        _taint: super::Taint,
+        taint: super::Taint,
     ) -> super::Generating<'a> {
         job.request.model = name.to_string();
+        // A request that may leave does not wait for KV cells: it fails
+        // here as unavailable, and the guard's fallback sends it on (a
+        // peer, the cloud). One that may not leave waits its turn.
+        if taint.may_leave
+            && let Some(why) = self.kv_full(name, &job)
+        {
+            return Box::pin(async move { Err(TargetFailure::Unavailable(why)) });
+        }
         Box::pin(LocalTarget::generate(self, job))
     }
 }

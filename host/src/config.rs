@@ -319,34 +319,7 @@ pub struct LocalConfig {
     pub tool_calls: LocalToolCalls,
 }
 
-/// Which requests offering tools the local model serves. A small local
-/// model's tool calls are well-formed (a grammar holds them to the tool's
-/// schema) but often worse chosen than an upstream's, so by default only
-/// requests that may not leave the node get them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum LocalToolCalls {
-    /// Only requests that may not leave; the others go to an upstream.
-    #[default]
-    Kept,
-    /// Every request the policy places on the local model.
-    Always,
-    /// None: a request offering tools needs an upstream (or gets a 400
-    /// when it may not leave).
-    Never,
-}
-
-impl LocalToolCalls {
-    /// Whether the local model serves tool calls for a request that may
-    /// (or may not) leave the node.
-    pub fn serves(self, may_leave: bool) -> bool {
-        match self {
-            Self::Kept => !may_leave,
-            Self::Always => true,
-            Self::Never => false,
-        }
-    }
-}
+pub use edgeroute_request::tools::LocalToolCalls;
 
 impl Default for LocalConfig {
     fn default() -> Self {

@@ -195,21 +195,26 @@ fn the_spin_gateway_places_requests_with_the_nodes_policy_file_and_guard() {
     assert!(!manifest.contains(&keys.gateway));
 
     let secret = unique("sk-spin-secret");
-    let app = gateway(
-        &spin,
-        &root("spin.toml"),
-        &node,
-        &keys,
-        &cloud,
-        (&format!("{}/chat/completions", cloud.url()), &secret),
-        &[
-            node_params(),
-            (
-                "SPIN_VARIABLE_DETECT_PATTERNS",
-                r#"[{"kind":"employee-id","regex":"\\bEMP-\\d{6}\\b"}]"#.to_string(),
-            ),
-        ],
-    );
+    // The root app against this node and cloud; the variables vary.
+    let upstream = format!("{}/chat/completions", cloud.url());
+    let launch = |variables: &[(&'static str, String)]| {
+        gateway(
+            &spin,
+            &root("spin.toml"),
+            &node,
+            &keys,
+            &cloud,
+            (&upstream, &secret),
+            variables,
+        )
+    };
+    let app = launch(&[
+        node_params(),
+        (
+            "SPIN_VARIABLE_DETECT_PATTERNS",
+            r#"[{"kind":"employee-id","regex":"\\bEMP-\\d{6}\\b"}]"#.to_string(),
+        ),
+    ]);
     let direct = format!("Bearer {}", keys.direct);
 
     // A short prompt: local on the node, as the node itself places it.
@@ -428,15 +433,7 @@ fn the_spin_gateway_places_requests_with_the_nodes_policy_file_and_guard() {
     // The cascade for every prompt, with a bar no answer clears: the node
     // answers locally with its confidence, the gateway escalates a public
     // request through the guard, and keeps a restricted one's local answer.
-    let app = gateway(
-        &spin,
-        &root("spin.toml"),
-        &node,
-        &keys,
-        &cloud,
-        (&format!("{}/chat/completions", cloud.url()), &secret),
-        &[cascade_everywhere("1")],
-    );
+    let app = launch(&[cascade_everywhere("1")]);
     let canary = unique("gateway-cascade");
     let answer = chat(&app, &ask(&format!("Name a colour. {canary}")), &[]);
     assert_eq!(answer.status, 200, "{answer:?}");
@@ -530,15 +527,7 @@ fn the_spin_gateway_places_requests_with_the_nodes_policy_file_and_guard() {
     // streamed request is judged on the whole local answer, which is kept
     // and sent as events: the same greedy text as unstreamed, its
     // confidence, finish reason and usage.
-    let app = gateway(
-        &spin,
-        &root("spin.toml"),
-        &node,
-        &keys,
-        &cloud,
-        (&format!("{}/chat/completions", cloud.url()), &secret),
-        &[cascade_everywhere("0.001")],
-    );
+    let app = launch(&[cascade_everywhere("0.001")]);
     let canary = unique("gateway-cascade-kept");
     let mut body = ask(&format!("Name a colour. {canary}"));
     let whole = chat(&app, &body, &[]);

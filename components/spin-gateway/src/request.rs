@@ -9,6 +9,7 @@ use crate::settings::Settings;
 use edgeroute_core::guard::Facts;
 use edgeroute_core::{Features, SensitivitySet, TextStats};
 use edgeroute_detect::{Settings as DetectSettings, collect};
+use edgeroute_request::tools::LocalToolCalls;
 use serde_json::{Map, Value};
 use spin_sdk::http::HeaderMap;
 
@@ -79,14 +80,12 @@ pub fn read(
     let facts = Facts::of_level(level, settings.rules.may_leave(level));
 
     let (stream, max_tokens) = (prepared.stream, prepared.max_tokens);
-    // As the node with its default `[local] tool_calls = "kept"`.
-    let local_cannot_serve = match (prepared.needs_cloud, &prepared.tools) {
-        (Some(what), _) => Some(what.to_string()),
-        (None, Some(_)) if facts.may_leave => Some(
-            "tool calls for a request that may leave ([local] tool_calls = \"kept\")".to_string(),
-        ),
-        _ => None,
-    };
+    // As the node with its default `[local] tool_calls`.
+    let tools_refused = prepared
+        .tools
+        .as_ref()
+        .and_then(|_| LocalToolCalls::default().refusal(facts.may_leave));
+    let local_cannot_serve = prepared.needs_cloud.or(tools_refused).map(str::to_string);
     let latency_budget_ms = headers
         .get(BUDGET_HEADER)
         .and_then(|v| v.to_str().ok())

@@ -19,6 +19,39 @@ use std::sync::Arc;
 const CALL_OPEN: &str = "<tool_call>";
 const CALL_CLOSE: &str = "</tool_call>";
 
+/// Which requests offering tools the local model serves (`[local]
+/// tool_calls`). A small local model's tool calls are well-formed (a
+/// grammar holds them to the tool's schema) but often worse chosen than an
+/// upstream's, so by default only requests that may not leave the node
+/// get them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LocalToolCalls {
+    /// Only requests that may not leave; the others go to an upstream.
+    #[default]
+    Kept,
+    /// Every request the policy places on the local model.
+    Always,
+    /// None: a request offering tools needs an upstream (or gets a 400
+    /// when it may not leave).
+    Never,
+}
+
+impl LocalToolCalls {
+    /// Why the local model does not serve the tool calls of a request that
+    /// may (or may not) leave the node, or None when it does. The node and
+    /// the Spin gateway place such a request as after any local refusal.
+    pub fn refusal(self, may_leave: bool) -> Option<&'static str> {
+        match self {
+            Self::Kept if may_leave => {
+                Some("tool calls for a request that may leave ([local] tool_calls = \"kept\")")
+            }
+            Self::Never => Some("tool calls ([local] tool_calls = \"never\")"),
+            _ => None,
+        }
+    }
+}
+
 /// The tools a request offers the local model, validated.
 #[derive(Debug, Clone)]
 pub struct Offered {
@@ -355,6 +388,16 @@ mod tests {
             offer(&weather(Some(json!("none")))).unwrap(),
             Offer::None
         ));
+    }
+
+    #[test]
+    fn the_mode_says_which_requests_keep_their_tool_calls_local() {
+        use LocalToolCalls::*;
+        assert_eq!(LocalToolCalls::default(), Kept);
+        assert!(Kept.refusal(true).unwrap().contains("may leave"));
+        assert_eq!(Kept.refusal(false), None);
+        assert_eq!((Always.refusal(true), Always.refusal(false)), (None, None));
+        assert!(Never.refusal(false).unwrap().contains("never"));
     }
 
     #[test]

@@ -15,7 +15,6 @@ pub mod request;
 mod run;
 
 use crate::bindings::target::{ChatRequest, Completion, Message};
-use crate::config::LocalToolCalls;
 use crate::metrics::ReasonClass;
 use crate::node::Node;
 use crate::policy::PolicyVersion;
@@ -427,11 +426,7 @@ impl Context {
         }
         if let Some(offered) = &self.request.tools {
             let mode = self.node.config.local.tool_calls;
-            if !mode.serves(self.facts().may_leave) {
-                let why = match mode {
-                    LocalToolCalls::Never => "tool calls ([local] tool_calls = \"never\")",
-                    _ => "tool calls for a request that may leave ([local] tool_calls = \"kept\")",
-                };
+            if let Some(why) = mode.refusal(self.facts().may_leave) {
                 return Some(LocalFailure::Unsupported(why.to_string()));
             }
             match offered.grammar(&request::schema_grammar) {
@@ -627,21 +622,19 @@ impl Context {
         let call = (target.kind() == TargetKind::Local && self.tool_grammar.is_some())
             .then(|| tools::call_message(&completion.text, &self.tool_call_id()))
             .flatten();
-        let finish_reason = match call {
-            Some(_) => "tool_calls".to_string(),
-            None => completion.finish_reason,
-        };
-        Finished {
-            text: if call.is_some() {
-                String::new()
-            } else {
-                completion.text
-            },
-            message: call.or_else(|| {
+        let (text, message, finish_reason) = match call {
+            Some(call) => (String::new(), Some(call), "tool_calls".to_string()),
+            None => (
+                completion.text,
                 completion
                     .message
-                    .and_then(|m| serde_json::from_str(&m).ok())
-            }),
+                    .and_then(|m| serde_json::from_str(&m).ok()),
+                completion.finish_reason,
+            ),
+        };
+        Finished {
+            text,
+            message,
             finish_reason,
             usage: Usage {
                 prompt_tokens,

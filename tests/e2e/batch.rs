@@ -205,4 +205,7 @@ fn a_request_that_does_not_fit_the_kv_budget_waits_for_the_running_one() {
     // A short request fits beside nothing and answers at once.
     let resp = node.post_chat(greedy("Peru"), &[]);
     assert_eq!(resp.status, 200, "{resp:?}");
+    // Only the public request that did not fit reached the cloud: the
+    // restricted one, refused the same cells, waited on the node.
+    assert_eq!(cloud.chat_requests().len(), 1, "{}", cloud.describe());
 }

@@ -101,7 +101,16 @@ fn an_agents_next_call_reuses_its_prefix_and_says_the_same() {
         cold_text,
         "a prefix hit must not change the text"
     );
-    let health = node.get("/healthz").json();
+    // The answer can reach the client a step before the scheduler files
+    // its sequence as idle: wait for that, within 10 s.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut health = node.get("/healthz").json();
+    while health["local_prefix_cache"]["smollm2"].as_u64() < Some(1)
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        health = node.get("/healthz").json();
+    }
     assert!(
         health["local_prefix_cache"]["smollm2"].as_u64() >= Some(1),
         "{health}"

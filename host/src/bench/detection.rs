@@ -4,10 +4,18 @@
 
 use super::Spread;
 use crate::detect::{Detector, eval};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-pub fn run(detector: &Detector, set: &Path) -> anyhow::Result<()> {
+pub fn run(detector: &Detector, sets: &[PathBuf]) -> anyhow::Result<()> {
+    for set in sets {
+        score(detector, set)?;
+    }
+    scan_time(detector);
+    Ok(())
+}
+
+fn score(detector: &Detector, set: &Path) -> anyhow::Result<()> {
     let Ok(text) = std::fs::read_to_string(set) else {
         println!(
             "detection: no evaluation set at {} (--detection-set); skipped",
@@ -46,6 +54,10 @@ pub fn run(detector: &Detector, set: &Path) -> anyhow::Result<()> {
             .collect();
         println!("  flagged clean: {}", flagged.join(", "));
     }
+    Ok(())
+}
+
+fn scan_time(detector: &Detector) {
     // A 4 KB prompt of ordinary prose with numbers in it, and one secret
     // at its end: the whole text is scanned either way.
     let filler = "The quarterly report lists 42 stores, 1,250 staff and revenue of 3.4 million across 12 regions; please summarise it in three bullet points. ";
@@ -60,10 +72,9 @@ pub fn run(detector: &Detector, set: &Path) -> anyhow::Result<()> {
     }
     let spread = Spread::of(timings);
     println!(
-        "  scan of a {} byte prompt: p50 {:.0} µs, p99 {:.0} µs",
+        "detection: scan of a {} byte prompt: p50 {:.0} µs, p99 {:.0} µs",
         prompt.len(),
         spread.p50,
         spread.p99
     );
-    Ok(())
 }

@@ -97,9 +97,11 @@ pub struct Options {
     /// request.
     #[arg(long)]
     pub observability_only: bool,
-    /// The labelled detection set to score the detector on.
-    #[arg(long, default_value = "tests/detection/eval.jsonl")]
-    pub detection_set: std::path::PathBuf,
+    /// The labelled detection sets to score the detector on (repeatable):
+    /// by default the set the rules were tuned on and the held-out one
+    /// (tests/detection/HELDOUT.md), which estimates unseen text.
+    #[arg(long, default_values = ["tests/detection/eval.jsonl", "tests/detection/heldout.jsonl"])]
+    pub detection_set: Vec<std::path::PathBuf>,
     /// A policy that asks for the prompt embedding (e.g. the bandit's
     /// .wasm): its route call is timed on features with an embedding.
     #[arg(long)]

@@ -23,6 +23,7 @@ mod reply;
 mod report;
 mod request;
 mod settings;
+mod timing;
 
 use edgeroute_core::guard::{self, LocalFailure, NodeView, Placement};
 use edgeroute_core::{Refusal, Target};
@@ -31,6 +32,7 @@ use spin_sdk::http::body::IncomingBodyExt;
 use spin_sdk::http::{IntoResponse, Method, Request, StatusCode};
 use spin_sdk::http_service;
 use spin_sdk::wasip3::http::types::ErrorCode;
+use timing::Timing;
 
 #[http_service]
 async fn handle(req: Request) -> impl IntoResponse {
@@ -53,7 +55,8 @@ type Answer =
     Result<spin_sdk::wasip3::http::types::Response, spin_sdk::wasip3::http::types::ErrorCode>;
 
 async fn chat(req: Request) -> Answer {
-    let settings = match settings::Settings::load().await {
+    let mut timing = Timing::start();
+    let settings = match settings::get().await {
         Ok(s) => s,
         Err(why) => {
             return refuse(
@@ -63,6 +66,7 @@ async fn chat(req: Request) -> Answer {
             );
         }
     };
+    timing.mark("settings");
     let headers = req.headers().clone();
     let bytes = match read_bounded(req.into_body(), request::MAX_BODY_BYTES).await {
         Ok(Some(bytes)) => bytes,
@@ -81,8 +85,9 @@ async fn chat(req: Request) -> Answer {
             );
         }
     };
+    timing.mark("read");
     let id = request_id();
-    let chat = match request::read(&bytes, &headers, &settings, id) {
+    let chat = match request::read(&bytes, &headers, settings, id, &mut timing) {
         Ok(chat) => chat,
         Err(why) => return refuse(StatusCode::BAD_REQUEST, "invalid_request_error", &why),
     };
@@ -119,6 +124,7 @@ async fn chat(req: Request) -> Answer {
         }
         placement => placement,
     };
+    timing.mark("policy");
     let level = chat.sensitivity.explain();
     match placement {
         Placement::Refuse(refused) => {
@@ -132,11 +138,13 @@ async fn chat(req: Request) -> Answer {
             };
             let message = refused.cause.to_string();
             let mut reply = reply::coded_error(status, kind, refused.cause.code(), &message);
-            decision_headers(&mut reply, "none", &format!("{}; {level}", refused.reason));
+            let reason = format!("{}; {level}", refused.reason);
+            decision_headers(&mut reply, "none", &reason, &timing);
             reply.into_response()
         }
         Placement::Run { target, reason } => {
-            run(&settings, &chat, &target, &format!("{reason}; {level}")).await
+            let reason = format!("{reason}; {level}");
+            run(settings, &chat, &target, &reason, &mut timing).await
         }
         Placement::Cascade {
             first,
@@ -146,14 +154,15 @@ async fn chat(req: Request) -> Answer {
         } => {
             let reason = format!("{reason}; {level}");
             let Some(then) = then else {
-                return run(&settings, &chat, &first, &reason).await;
+                return run(settings, &chat, &first, &reason, &mut timing).await;
             };
             cascade(
-                &settings,
+                settings,
                 &chat,
                 &view,
                 (&first, &then, min_confidence),
                 &reason,
+                &mut timing,
             )
             .await
         }
@@ -166,6 +175,7 @@ async fn run(
     chat: &request::Chat,
     target: &Target,
     reason: &str,
+    timing: &mut Timing,
 ) -> Answer {
     // A cloud call is reported to the node's ledger and audit log.
     let mut call = None;
@@ -186,24 +196,25 @@ async fn run(
             );
         }
     };
+    timing.mark(target.kind().name());
     let response = match sent {
         Ok(response) => response,
         Err(mut reply) => {
             if let Some(call) = call {
                 call.finish(false, None);
             }
-            decision_headers(&mut reply, &target.to_string(), reason);
+            decision_headers(&mut reply, &target.to_string(), reason, timing);
             return reply.into_response();
         }
     };
     let ok = response.status().is_success();
-    let broke_off = |e: ErrorCode| {
+    let broke_off = |e: ErrorCode, timing: &Timing| {
         let mut reply = reply::error(
             StatusCode::BAD_GATEWAY,
             "server_error",
             &format!("{target}'s answer broke off: {e:?}"),
         );
-        decision_headers(&mut reply, &target.to_string(), reason);
+        decision_headers(&mut reply, &target.to_string(), reason, timing);
         reply.into_response()
     };
     // Never the answer as received: returned as is, it would go out with
@@ -213,31 +224,33 @@ async fn run(
     // after the headers waits for the client's delayed ACK (40 ms).
     if chat.stream {
         let prefetched = dispatch::Prefetched::of(response).await;
+        timing.mark("first-chunk");
         if let Some(call) = call {
             call.finish(ok && prefetched.is_ok(), None);
         }
         let mut response = match prefetched {
             Ok(response) => response,
-            Err(e) => return broke_off(e),
+            Err(e) => return broke_off(e, timing),
         };
         reply::drop_hop_by_hop(response.headers_mut());
-        decision_headers(&mut response, &target.to_string(), reason);
+        decision_headers(&mut response, &target.to_string(), reason, timing);
         response.into_response()
     } else {
         let (mut parts, body) = response.into_parts();
         let body = body.bytes().await;
+        timing.mark("body");
         if let Some(call) = call {
             call.finish(ok && body.is_ok(), body.as_deref().ok());
         }
         let body = match body {
             Ok(body) => body,
-            Err(e) => return broke_off(e),
+            Err(e) => return broke_off(e, timing),
         };
         reply::drop_hop_by_hop(&mut parts.headers);
         parts.headers.remove("content-length");
         let mut response =
             spin_sdk::http::Response::from_parts(parts, http_body_util::Full::new(body));
-        decision_headers(&mut response, &target.to_string(), reason);
+        decision_headers(&mut response, &target.to_string(), reason, timing);
         response.into_response()
     }
 }
@@ -250,14 +263,17 @@ async fn cascade(
     view: &NodeView<'_>,
     (first, then, min): (&Target, &Target, f32),
     reason: &str,
+    timing: &mut Timing,
 ) -> Answer {
     let Target::Local(model) = first else {
-        return run(settings, chat, first, reason).await;
+        return run(settings, chat, first, reason, timing).await;
     };
-    let response = match dispatch::to_node_whole(settings, chat, model).await {
+    let response = dispatch::to_node_whole(settings, chat, model).await;
+    timing.mark("local");
+    let response = match response {
         Ok(response) => response,
         Err(mut reply) => {
-            decision_headers(&mut reply, &first.to_string(), reason);
+            decision_headers(&mut reply, &first.to_string(), reason, timing);
             return reply.into_response();
         }
     };
@@ -273,7 +289,7 @@ async fn cascade(
             reason: why,
         }) = guard::escalate(then, confidence, min, &chat.facts, view)
     {
-        return run(settings, chat, &target, &format!("{reason}; {why}")).await;
+        return run(settings, chat, &target, &format!("{reason}; {why}"), timing).await;
     }
     let status = response.status();
     let kept = response.headers().clone();
@@ -317,17 +333,21 @@ async fn cascade(
             reply.headers_mut().insert(name, value.clone());
         }
     }
-    decision_headers(&mut reply, &first.to_string(), reason);
+    timing.mark("body");
+    decision_headers(&mut reply, &first.to_string(), reason, timing);
     reply.into_response()
 }
 
-fn decision_headers<B>(reply: &mut spin_sdk::http::Response<B>, target: &str, reason: &str) {
-    reply
-        .headers_mut()
-        .insert(TARGET_HEADER, reply::header_value(target));
-    reply
-        .headers_mut()
-        .insert(REASON_HEADER, reply::header_value(reason));
+fn decision_headers<B>(
+    reply: &mut spin_sdk::http::Response<B>,
+    target: &str,
+    reason: &str,
+    timing: &Timing,
+) {
+    let headers = reply.headers_mut();
+    headers.insert(TARGET_HEADER, reply::header_value(target));
+    headers.insert(REASON_HEADER, reply::header_value(reason));
+    headers.insert(timing::HEADER, reply::header_value(&timing.header()));
 }
 
 fn refuse(status: StatusCode, kind: &str, message: &str) -> Answer {

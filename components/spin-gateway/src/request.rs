@@ -33,6 +33,7 @@ pub fn read(
     headers: &HeaderMap,
     settings: &Settings,
     id: String,
+    timing: &mut crate::timing::Timing,
 ) -> Result<Chat, String> {
     // Schemas are the node's to convert (it has llama.cpp): here any
     // converts, so a response_format never counts as upstream-only.
@@ -46,6 +47,7 @@ pub fn read(
     let messages = prepared.messages;
     let mut rest = body.clone();
     rest.remove("metadata");
+    timing.mark("parse");
 
     // Every value of every sensitivity header; one that is not text counts
     // as restricted.
@@ -75,6 +77,7 @@ pub fn read(
             &own
         };
         collect::detected(&mut sensitivity, detector, &messages, &metadata, &rest);
+        timing.mark("detect");
     }
     let level = sensitivity.level();
     let facts = Facts::of_level(level, settings.rules.may_leave(level));

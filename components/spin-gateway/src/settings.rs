@@ -36,8 +36,23 @@ async fn var(name: &str) -> Result<String, String> {
         .map_err(|e| format!("Spin variable '{name}': {e}"))
 }
 
+/// The settings, read on an instance's first request and kept for the
+/// rest: Spin reuses an instance for many requests, and reading the
+/// variables is about a tenth of a millisecond each time. A variable a
+/// provider changes (a rotated secret in a vault) is seen by the next
+/// instance. A failed read is not kept: every request tries again and is
+/// refused until the variables read.
+pub async fn get() -> Result<&'static Settings, String> {
+    static SETTINGS: std::sync::OnceLock<Settings> = std::sync::OnceLock::new();
+    if let Some(settings) = SETTINGS.get() {
+        return Ok(settings);
+    }
+    let loaded = Settings::load().await?;
+    Ok(SETTINGS.get_or_init(|| loaded))
+}
+
 impl Settings {
-    pub async fn load() -> Result<Self, String> {
+    async fn load() -> Result<Self, String> {
         let list = |text: String| -> Vec<String> {
             text.split(',')
                 .map(str::trim)

@@ -58,6 +58,17 @@ pub(super) async fn send(
     url: &str,
     body: String,
 ) -> anyhow::Result<(Duration, Duration)> {
+    let (first, total, _) = send_timed(client, url, body).await?;
+    Ok((first, total))
+}
+
+/// [`send`], with the answer's `Server-Timing` header (the Spin gateway
+/// says where its time went).
+pub(super) async fn send_timed(
+    client: &reqwest::Client,
+    url: &str,
+    body: String,
+) -> anyhow::Result<(Duration, Duration, Option<String>)> {
     let t0 = Instant::now();
     let mut response = client
         .post(url)
@@ -70,6 +81,11 @@ pub(super) async fn send(
         let why = response.text().await.unwrap_or_default();
         bail!("{url} answered {status}: {why}");
     }
+    let timing = response
+        .headers()
+        .get("server-timing")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     let mut first = None;
     while let Some(chunk) = response.chunk().await? {
         if !chunk.is_empty() {
@@ -77,7 +93,7 @@ pub(super) async fn send(
         }
     }
     let total = t0.elapsed();
-    Ok((first.unwrap_or(total), total))
+    Ok((first.unwrap_or(total), total, timing))
 }
 
 /// An upstream that answers at once, one token.

@@ -16,7 +16,7 @@
 //! in `examples/spin-sample` for the second part).
 
 use super::Spread;
-use super::proxy::{send as post, serve_on};
+use super::proxy::{send as post, send_timed, serve_on};
 use crate::config::Config;
 use crate::nn::Pace;
 use crate::node::Node;
@@ -131,25 +131,59 @@ fn built(path: &Path, how: &str) -> anyhow::Result<()> {
 }
 
 /// `requests` pairs, alternating `a` and `b` after a warm-up; the timings
-/// (first byte or whole answer) of each.
+/// (first byte or whole answer) of each, and `b`'s `Server-Timing` headers.
 async fn pairs(
     client: &reqwest::Client,
     (a, a_body): (&str, &str),
     (b, b_body): (&str, &str),
     requests: u32,
     first_byte: bool,
-) -> anyhow::Result<(Vec<Duration>, Vec<Duration>)> {
+) -> anyhow::Result<((Vec<Duration>, Vec<Duration>), Vec<String>)> {
     let pick = |(first, total): (Duration, Duration)| if first_byte { first } else { total };
     for _ in 0..20 {
         post(client, a, a_body.to_string()).await?;
         post(client, b, b_body.to_string()).await?;
     }
-    let (mut x, mut y) = (Vec::new(), Vec::new());
+    let (mut x, mut y, mut steps) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..requests {
         x.push(pick(post(client, a, a_body.to_string()).await?));
-        y.push(pick(post(client, b, b_body.to_string()).await?));
+        let (first, total, timing) = send_timed(client, b, b_body.to_string()).await?;
+        y.push(pick((first, total)));
+        steps.extend(timing);
     }
-    Ok((x, y))
+    Ok(((x, y), steps))
+}
+
+/// The p50 of each step the gateway reported in `Server-Timing`
+/// (`name;dur=ms, …`), in the order the steps first appear.
+fn report_steps(headers: &[String]) {
+    let mut steps: Vec<(String, Vec<f64>)> = Vec::new();
+    for header in headers {
+        for part in header.split(',') {
+            let Some((name, ms)) = part.trim().split_once(";dur=") else {
+                continue;
+            };
+            let Ok(ms) = ms.parse::<f64>() else { continue };
+            match steps.iter_mut().find(|(n, _)| n == name) {
+                Some((_, all)) => all.push(ms),
+                None => steps.push((name.to_owned(), vec![ms])),
+            }
+        }
+    }
+    if steps.is_empty() {
+        return;
+    }
+    let line: Vec<String> = steps
+        .into_iter()
+        .map(|(name, mut all)| {
+            all.sort_by(f64::total_cmp);
+            format!("{name} {:.0} µs", all[all.len() / 2] * 1e3)
+        })
+        .collect();
+    println!(
+        "    the gateway's steps (Server-Timing), p50: {}",
+        line.join(", ")
+    );
 }
 
 /// A delay of this much or more is a stall (a 40 ms delayed ACK), not work.
@@ -224,7 +258,7 @@ pub async fn run(mut config: Config, requests: u32) -> anyhow::Result<()> {
     let through = format!("{}/v1/chat/completions", gateway.url);
     for stream in [false, true] {
         let body = chat(stream);
-        let timings = pairs(
+        let (timings, steps) = pairs(
             &client,
             (&direct, &body),
             (&through, &body),
@@ -238,6 +272,7 @@ pub async fn run(mut config: Config, requests: u32) -> anyhow::Result<()> {
             "non-streaming, whole answer"
         };
         report(what, timings, "through the Spin gateway");
+        report_steps(&steps);
     }
     drop(gateway);
 
@@ -265,7 +300,7 @@ pub async fn run(mut config: Config, requests: u32) -> anyhow::Result<()> {
     let body = json!({"model": "auto", "max_tokens": 1, "temperature": 0.0,
                       "messages": [{"role": "user", "content": prompt}]})
     .to_string();
-    let timings = pairs(
+    let (timings, _) = pairs(
         &client,
         (&direct, &body),
         (&format!("{}/infer?max_tokens=1", app.url), prompt),

@@ -228,6 +228,13 @@ fn the_spin_gateway_places_requests_with_the_nodes_policy_file_and_guard() {
             .target(),
         answer.target()
     );
+    // The answer says where the gateway's time went, the hop included.
+    let steps = server_timing_steps(answer.header("server-timing").unwrap_or_default());
+    for step in [
+        "settings", "read", "parse", "detect", "policy", "local", "body",
+    ] {
+        assert!(steps.contains(&step), "{step} missing: {answer:?}");
+    }
 
     // A public long prompt: the cloud, with the secret key added, the
     // upstream's model, and nothing of edgeroute's labels.
@@ -239,6 +246,11 @@ fn the_spin_gateway_places_requests_with_the_nodes_policy_file_and_guard() {
     assert_eq!(answer.status, 200, "{answer:?}");
     assert_eq!(answer.target(), Some("cloud:frontier"), "{answer:?}");
     assert_eq!(answer.content().as_deref(), Some(CLOUD_REPLY), "{answer:?}");
+    let steps = server_timing_steps(answer.header("server-timing").unwrap_or_default());
+    assert!(
+        steps.contains(&"cloud") && !steps.contains(&"local"),
+        "{answer:?}"
+    );
     cloud.assert_received(&canary, 1);
     let sent = cloud.requests_mentioning(&canary).remove(0);
     assert_eq!(
@@ -648,4 +660,17 @@ fn the_spin_gateway_reaches_only_allowed_hosts_and_follows_a_swapped_policy() {
     assert_eq!(answer.status, 200, "{answer:?}");
     assert_eq!(answer.target(), Some("local:smollm2"), "{answer:?}");
     cloud.assert_received(&canary, 0);
+}
+
+/// The step names of a `Server-Timing` header, each with a duration
+/// (`name;dur=ms, …`).
+fn server_timing_steps(header: &str) -> Vec<&str> {
+    header
+        .split(',')
+        .filter_map(|part| {
+            let (name, ms) = part.trim().split_once(";dur=")?;
+            ms.parse::<f64>().ok()?;
+            Some(name)
+        })
+        .collect()
 }

@@ -1,6 +1,7 @@
-//! The detector, built once per component rather than per request. Spin
-//! makes a fresh instance for every request, and building the detector
-//! compiles every rule's regex (tens of milliseconds); so `spin build`
+//! The detector, built once per component rather than per instance. Spin
+//! makes a new instance every 128 requests (and for concurrency), and
+//! building the detector compiles every rule's regex (tens of
+//! milliseconds); so `spin build`
 //! runs [`initialize`] once through `edgeroute preinit` (wasmtime's Wizer)
 //! and snapshots the memory it leaves: each instance starts with the
 //! detector compiled and its search caches warm. Without the snapshot the

@@ -355,6 +355,12 @@ fn a_failed_cloud_call_costs_nothing_and_falls_back_locally() {
         reason.contains("cloud failed") && reason.contains("local fallback"),
         "{resp:?}"
     );
+    // Where the time went: the pipeline's steps, then both hops in order.
+    assert_eq!(
+        resp.server_timing_steps(),
+        ["parse", "features", "policy", "guard", "cloud", "local"],
+        "{resp:?}"
+    );
     let ledger = node.get("/ledger").json();
     assert_eq!(ledger["totals"]["cloud_cost_usd"], 0.0, "{ledger}");
 }

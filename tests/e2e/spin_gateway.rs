@@ -229,7 +229,7 @@ fn the_spin_gateway_places_requests_with_the_nodes_policy_file_and_guard() {
         answer.target()
     );
     // The answer says where the gateway's time went, the hop included.
-    let steps = server_timing_steps(answer.header("server-timing").unwrap_or_default());
+    let steps = answer.server_timing_steps();
     for step in [
         "settings", "read", "parse", "detect", "policy", "local", "body",
     ] {
@@ -246,7 +246,7 @@ fn the_spin_gateway_places_requests_with_the_nodes_policy_file_and_guard() {
     assert_eq!(answer.status, 200, "{answer:?}");
     assert_eq!(answer.target(), Some("cloud:frontier"), "{answer:?}");
     assert_eq!(answer.content().as_deref(), Some(CLOUD_REPLY), "{answer:?}");
-    let steps = server_timing_steps(answer.header("server-timing").unwrap_or_default());
+    let steps = answer.server_timing_steps();
     assert!(
         steps.contains(&"cloud") && !steps.contains(&"local"),
         "{answer:?}"
@@ -660,17 +660,4 @@ fn the_spin_gateway_reaches_only_allowed_hosts_and_follows_a_swapped_policy() {
     assert_eq!(answer.status, 200, "{answer:?}");
     assert_eq!(answer.target(), Some("local:smollm2"), "{answer:?}");
     cloud.assert_received(&canary, 0);
-}
-
-/// The step names of a `Server-Timing` header, each with a duration
-/// (`name;dur=ms, …`).
-fn server_timing_steps(header: &str) -> Vec<&str> {
-    header
-        .split(',')
-        .filter_map(|part| {
-            let (name, ms) = part.trim().split_once(";dur=")?;
-            ms.parse::<f64>().ok()?;
-            Some(name)
-        })
-        .collect()
 }

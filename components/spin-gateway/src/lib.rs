@@ -23,16 +23,15 @@ mod reply;
 mod report;
 mod request;
 mod settings;
-mod timing;
 
 use edgeroute_core::guard::{self, LocalFailure, NodeView, Placement};
+use edgeroute_core::timing::{self, Timing};
 use edgeroute_core::{Refusal, Target};
 use reply::{CONFIDENCE_HEADER, REASON_HEADER, TARGET_HEADER};
 use spin_sdk::http::body::IncomingBodyExt;
 use spin_sdk::http::{IntoResponse, Method, Request, StatusCode};
 use spin_sdk::http_service;
 use spin_sdk::wasip3::http::types::ErrorCode;
-use timing::Timing;
 
 #[http_service]
 async fn handle(req: Request) -> impl IntoResponse {

@@ -33,7 +33,7 @@ pub fn read(
     headers: &HeaderMap,
     settings: &Settings,
     id: String,
-    timing: &mut crate::timing::Timing,
+    timing: &mut edgeroute_core::timing::Timing,
 ) -> Result<Chat, String> {
     // Schemas are the node's to convert (it has llama.cpp): here any
     // converts, so a response_format never counts as upstream-only.

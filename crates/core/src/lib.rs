@@ -20,6 +20,7 @@ pub mod outcome;
 pub mod refusal;
 pub mod sensitivity;
 pub mod target;
+pub mod timing;
 
 pub use confidence::Confidence;
 pub use cost::{Prices, Usage};

@@ -52,6 +52,20 @@ impl Resp {
             .map(|(_, v)| v.as_str())
     }
 
+    /// The step names of the `Server-Timing` header that carry a
+    /// duration (`name;dur=ms, …`), in order.
+    pub fn server_timing_steps(&self) -> Vec<&str> {
+        self.header("server-timing")
+            .unwrap_or_default()
+            .split(',')
+            .filter_map(|part| {
+                let (name, ms) = part.trim().split_once(";dur=")?;
+                ms.parse::<f64>().ok()?;
+                Some(name)
+            })
+            .collect()
+    }
+
     /// `x-edgeroute-target`, e.g. `local:smollm2` or `cloud:frontier`.
     pub fn target(&self) -> Option<&str> {
         self.header("x-edgeroute-target")

@@ -122,6 +122,9 @@ pub fn set_route_headers(headers: &mut HeaderMap, route: &Route) {
     if let Some(confidence) = route.confidence {
         headers.insert(CONFIDENCE_HEADER, clean(&format!("{confidence:.3}")));
     }
+    if !route.server_timing.is_empty() {
+        headers.insert(edgeroute_core::timing::HEADER, clean(&route.server_timing));
+    }
 }
 
 /// This node's load report, for peers without a shared store; behind the

@@ -96,6 +96,38 @@ pub(super) async fn send_timed(
     Ok((first.unwrap_or(total), total, timing))
 }
 
+/// The p50 of each step a `Server-Timing` header named (`name;dur=ms,
+/// …`), in the order the steps first appear: where `whose` time went.
+pub(super) fn report_steps(whose: &str, headers: &[String]) {
+    let mut steps: Vec<(String, Vec<f64>)> = Vec::new();
+    for header in headers {
+        for part in header.split(',') {
+            let Some((name, ms)) = part.trim().split_once(";dur=") else {
+                continue;
+            };
+            let Ok(ms) = ms.parse::<f64>() else { continue };
+            match steps.iter_mut().find(|(n, _)| n == name) {
+                Some((_, all)) => all.push(ms),
+                None => steps.push((name.to_owned(), vec![ms])),
+            }
+        }
+    }
+    if steps.is_empty() {
+        return;
+    }
+    let line: Vec<String> = steps
+        .into_iter()
+        .map(|(name, mut all)| {
+            all.sort_by(f64::total_cmp);
+            format!("{name} {:.0} µs", all[all.len() / 2] * 1e3)
+        })
+        .collect();
+    println!(
+        "    {whose} steps (Server-Timing), p50: {}",
+        line.join(", ")
+    );
+}
+
 /// An upstream that answers at once, one token.
 const INSTANT: Timing = Timing {
     round_trip: Duration::ZERO,
@@ -279,11 +311,14 @@ async fn cloud_call(mut config: Config, requests: u32) -> anyhow::Result<()> {
             call(&client, &node_url, stream).await?;
         }
         let opened_before = behind.connections.load(Ordering::Relaxed);
-        let (mut d, mut n) = (Vec::new(), Vec::new());
+        let (mut d, mut n, mut steps) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..requests {
             let pick = |(first, total): (Duration, Duration)| if stream { first } else { total };
             d.push(pick(call(&client, &direct_url, stream).await?));
-            n.push(pick(call(&client, &node_url, stream).await?));
+            let (first, total, timing) =
+                send_timed(&client, &node_url, body(stream).to_string()).await?;
+            n.push(pick((first, total)));
+            steps.extend(timing);
         }
         let opened = behind.connections.load(Ordering::Relaxed) - opened_before;
         let opened_all = behind.connections.load(Ordering::Relaxed) - opened_first;
@@ -303,6 +338,7 @@ async fn cloud_call(mut config: Config, requests: u32) -> anyhow::Result<()> {
             "    connections the node opened to the upstream: {opened} during the {requests} measured requests ({:.1} per 1,000), {opened_all} counting the {warm_up} warm-up ones",
             opened as f64 * 1000.0 / requests as f64
         );
+        report_steps("the node's", &steps);
     }
     Ok(())
 }

@@ -16,7 +16,7 @@
 //! in `examples/spin-sample` for the second part).
 
 use super::Spread;
-use super::proxy::{send as post, send_timed, serve_on};
+use super::proxy::{report_steps, send as post, send_timed, serve_on};
 use crate::config::Config;
 use crate::nn::Pace;
 use crate::node::Node;
@@ -154,38 +154,6 @@ async fn pairs(
     Ok(((x, y), steps))
 }
 
-/// The p50 of each step the gateway reported in `Server-Timing`
-/// (`name;dur=ms, …`), in the order the steps first appear.
-fn report_steps(headers: &[String]) {
-    let mut steps: Vec<(String, Vec<f64>)> = Vec::new();
-    for header in headers {
-        for part in header.split(',') {
-            let Some((name, ms)) = part.trim().split_once(";dur=") else {
-                continue;
-            };
-            let Ok(ms) = ms.parse::<f64>() else { continue };
-            match steps.iter_mut().find(|(n, _)| n == name) {
-                Some((_, all)) => all.push(ms),
-                None => steps.push((name.to_owned(), vec![ms])),
-            }
-        }
-    }
-    if steps.is_empty() {
-        return;
-    }
-    let line: Vec<String> = steps
-        .into_iter()
-        .map(|(name, mut all)| {
-            all.sort_by(f64::total_cmp);
-            format!("{name} {:.0} µs", all[all.len() / 2] * 1e3)
-        })
-        .collect();
-    println!(
-        "    the gateway's steps (Server-Timing), p50: {}",
-        line.join(", ")
-    );
-}
-
 /// A delay of this much or more is a stall (a 40 ms delayed ACK), not work.
 const STALL: Duration = Duration::from_millis(20);
 
@@ -272,7 +240,7 @@ pub async fn run(mut config: Config, requests: u32) -> anyhow::Result<()> {
             "non-streaming, whole answer"
         };
         report(what, timings, "through the Spin gateway");
-        report_steps(&steps);
+        report_steps("the gateway's", &steps);
     }
     drop(gateway);
 

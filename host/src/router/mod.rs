@@ -22,6 +22,7 @@ use crate::targets::TargetFailure;
 use crate::targets::{Delta, Taint};
 use cascade::Judge;
 use edgeroute_core::guard::{self, Facts, LocalFailure, NodeView, PeerView, Placement};
+use edgeroute_core::timing::Timing;
 use edgeroute_core::{
     Choice, Decision, Features, Outcome, PolicyFailure, Prices, Refused, Target, TargetKind, Usage,
 };
@@ -51,6 +52,9 @@ pub struct Route {
     /// When a busy local model may take the request again, in seconds
     /// (`Retry-After` on a 503).
     pub retry_after_s: Option<u32>,
+    /// The pipeline's steps and the hop so far, as a `Server-Timing`
+    /// header value.
+    pub server_timing: String,
 }
 
 /// Why a request was not served.
@@ -132,6 +136,8 @@ struct Context {
     /// The grammar of the request's tool calls, once the local model is
     /// to serve them (`local_cannot_serve`).
     tool_grammar: Option<Arc<str>>,
+    /// Each step's time, for the answer's `Server-Timing`.
+    timing: Timing,
 }
 
 /// A request after policy and guard, not yet dispatched.
@@ -163,6 +169,7 @@ pub async fn decide(
     created: u64,
 ) -> Result<Decided, Failure> {
     let started = Instant::now();
+    let mut timing = Timing::start();
     let mut request =
         request::parse(body, &node.config.limits, id, created).map_err(Failure::Invalid)?;
     request.requested_model = node
@@ -170,6 +177,7 @@ pub async fn decide(
         .model_alias(&request.requested_model)
         .to_string();
     check_model(node, &request.requested_model).map_err(Failure::Invalid)?;
+    timing.mark("parse");
     // Tokenizing a long prompt takes milliseconds of CPU: off the async
     // workers, so a large request cannot stall `/healthz` or other clients.
     // A short one takes tens of microseconds, less than the hand-off to a
@@ -211,9 +219,11 @@ pub async fn decide(
         })?
     };
     let extracted = extracted.map_err(Failure::Invalid)?;
+    timing.mark("features");
     let asked = Instant::now();
     let (policy, decision) = node.policy.route(&extracted.features).await;
     node.metrics.policy_call(&policy.id, asked.elapsed());
+    timing.mark("policy");
     node.shadow.compare(&extracted.features, &decision);
     let logged = (
         crate::policy::convert::label(&decision),
@@ -230,6 +240,7 @@ pub async fn decide(
         hops: 0,
         tried_peers: Vec::new(),
         tool_grammar: None,
+        timing,
     };
     if !ctx.facts().may_leave
         && let Some(cloud) = named_cloud(&decision)
@@ -238,6 +249,8 @@ pub async fn decide(
         ctx.audit_refused_by_guard(&cloud, &decided.reason);
     }
     let placement = ctx.with_view(|view| guard::place(decision, &ctx.extracted.facts, view));
+    let mut ctx = ctx;
+    ctx.timing.mark("guard");
     Ok(Decided { ctx, placement })
 }
 
@@ -305,6 +318,8 @@ pub async fn dispatch(decided: Decided) -> Result<Served, Failure> {
         }
         let mut run = ctx.launch(target, reason);
         let first = run.first_event().await;
+        // Until the first token or the whole answer, whichever comes.
+        ctx.timing.mark(run.target.kind().name());
         let FirstEvent::Ended(Err(failure)) = first else {
             // A fallback hop is not judged: the cascade was planned for
             // the first target only.
@@ -563,6 +578,7 @@ impl Context {
             confidence: self.judged,
             cached_tokens: None,
             retry_after_s: None,
+            server_timing: self.timing.header(),
         }
     }
 

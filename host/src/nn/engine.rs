@@ -53,6 +53,8 @@ pub struct LoadedModel {
     /// Measured on every generation: context creation (the overhead),
     /// prefill and decode per token. The router's latency estimates.
     speed: Mutex<Speed>,
+    /// Tokens of recent chat pieces (system prompts, tool descriptions).
+    pieces: super::pieces::Pieces,
 }
 
 /// What a client may set per request.
@@ -90,6 +92,7 @@ impl LoadedModel {
             template,
             runtime,
             speed: Mutex::new(Speed::default()),
+            pieces: super::pieces::Pieces::new(),
         }))
     }
 
@@ -127,6 +130,24 @@ impl LoadedModel {
     /// message's content, and the text between placeholders is the
     /// template's.
     pub fn chat_tokens(&self, messages: &[(String, String)]) -> anyhow::Result<Vec<LlamaToken>> {
+        self.tokens_of_chat(messages, None)
+    }
+
+    /// [`Self::chat_tokens`], remembering the pieces for this tenant: an
+    /// agent's system prompt and tool descriptions are tokenized once.
+    pub fn chat_tokens_for(
+        &self,
+        messages: &[(String, String)],
+        tenant: &str,
+    ) -> anyhow::Result<Vec<LlamaToken>> {
+        self.tokens_of_chat(messages, Some(tenant))
+    }
+
+    fn tokens_of_chat(
+        &self,
+        messages: &[(String, String)],
+        tenant: Option<&str>,
+    ) -> anyhow::Result<Vec<LlamaToken>> {
         // Private-use characters: no template writes them.
         let mark = |i: usize| format!("\u{E000}edgeroute-message-{i}\u{E001}");
         let placeholders: Vec<(String, String)> = messages
@@ -136,6 +157,15 @@ impl LoadedModel {
             .collect();
         let rendered = self.render_chat(&placeholders)?;
         let vocab = self.model.vocab();
+        // (add_special, parse_special): control tokens are parsed in the
+        // template's text only, never in a message's.
+        let piece = |text: &str, flags: (bool, bool)| {
+            let tokenize = || vocab.tokenize(text.as_bytes(), flags.0, flags.1);
+            match tenant {
+                Some(tenant) => self.pieces.tokens(tenant, text, flags, tokenize),
+                None => tokenize(),
+            }
+        };
         let mut tokens = Vec::new();
         let mut rest = rendered.as_str();
         for (i, (_, content)) in messages.iter().enumerate() {
@@ -145,14 +175,14 @@ impl LoadedModel {
                     self.name
                 )
             })?;
-            tokens.extend(vocab.tokenize(template.as_bytes(), i == 0, true));
-            tokens.extend(vocab.tokenize(content.as_bytes(), false, false));
+            tokens.extend(piece(template, (i == 0, true)));
+            tokens.extend(piece(content, (false, false)));
             rest = after;
         }
         if rest.contains('\u{E000}') {
             bail!("the chat template of '{}' repeats message text", self.name);
         }
-        tokens.extend(vocab.tokenize(rest.as_bytes(), messages.is_empty(), true));
+        tokens.extend(piece(rest, (messages.is_empty(), true)));
         Ok(tokens)
     }
 

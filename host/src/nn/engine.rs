@@ -133,14 +133,17 @@ impl LoadedModel {
         self.tokens_of_chat(messages, None)
     }
 
-    /// [`Self::chat_tokens`], remembering the pieces for this tenant: an
-    /// agent's system prompt and tool descriptions are tokenized once.
+    /// [`Self::chat_tokens`], remembering the pieces for this tenant and
+    /// sensitivity level: an agent's system prompt and tool descriptions
+    /// are tokenized once. Kept apart by level like the prefix cache, so a
+    /// public request cannot time whether a restricted one sent a text.
     pub fn chat_tokens_for(
         &self,
         messages: &[(String, String)],
-        tenant: &str,
+        scope: &super::prefix::CacheScope,
     ) -> anyhow::Result<Vec<LlamaToken>> {
-        self.tokens_of_chat(messages, Some(tenant))
+        let scope = format!("{}\u{1f}{}", scope.tenant, scope.level);
+        self.tokens_of_chat(messages, Some(&scope))
     }
 
     fn tokens_of_chat(

@@ -6,8 +6,12 @@
 //! messages; a hit returns exactly the tokens the tokenizer gave for the
 //! same text and flags (the text is compared, not only its hash).
 //!
-//! Pieces are kept per tenant, like the prefix cache: a hit is faster, and
-//! one client must not learn from the latency which texts another sent.
+//! Pieces are kept per tenant and sensitivity level, like the prefix
+//! cache: a hit is faster, and one client must not learn from the latency
+//! which texts another sent, nor a public request what a restricted one
+//! did. (The slots are shared, so one tenant's pieces can push out
+//! another's: that costs the other a tokenization, and tells it only
+//! that the node is busy.)
 //!
 //! Why not a crate: a fixed number of slots by hash, replaced on
 //! collision, is all this needs (no recency order); an LRU crate would
@@ -45,7 +49,7 @@ impl Pieces {
     }
 
     /// `text`'s tokens under these flags (`add_special`, `parse_special`)
-    /// for this tenant (`scope`), from `tokenize` the first time.
+    /// for this scope (a tenant and level), from `tokenize` the first time.
     pub fn tokens(
         &self,
         scope: &str,

@@ -96,7 +96,7 @@ fn prompt_tokens(
         return Ok((bytes.div_ceil(4) as u32, 0, None));
     };
     let tokens = model
-        .chat_tokens_for(&request.messages, &cache.tenant)
+        .chat_tokens_for(&request.messages, cache)
         .map_err(|e| Invalid::request(format!("cannot format the messages: {e:#}")))?;
     Ok((
         tokens.len() as u32,

@@ -224,6 +224,14 @@ fn the_cascade_escalates_unsure_public_answers_and_keeps_restricted_ones() {
         "{reason}"
     );
     assert!(resp.header("x-edgeroute-confidence").is_some(), "{resp:?}");
+    // The local hop, the judging, then the cloud hop.
+    assert_eq!(
+        resp.server_timing_steps(),
+        [
+            "parse", "features", "policy", "guard", "local", "judge", "cloud"
+        ],
+        "{resp:?}"
+    );
     cloud.assert_received(&canary, 1);
     // Both legs are in the ledger: the local work and the cloud answer.
     let row = ledger_row(&node);

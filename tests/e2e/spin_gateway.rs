@@ -229,12 +229,13 @@ fn the_spin_gateway_places_requests_with_the_nodes_policy_file_and_guard() {
         answer.target()
     );
     // The answer says where the gateway's time went, the hop included.
-    let steps = answer.server_timing_steps();
-    for step in [
-        "settings", "read", "parse", "detect", "policy", "local", "body",
-    ] {
-        assert!(steps.contains(&step), "{step} missing: {answer:?}");
-    }
+    assert_eq!(
+        answer.server_timing_steps(),
+        [
+            "settings", "read", "parse", "detect", "policy", "guard", "local", "body"
+        ],
+        "{answer:?}"
+    );
 
     // A public long prompt: the cloud, with the secret key added, the
     // upstream's model, and nothing of edgeroute's labels.

@@ -91,6 +91,7 @@ async fn chat(req: Request) -> Answer {
         Err(why) => return refuse(StatusCode::BAD_REQUEST, "invalid_request_error", &why),
     };
     let decision = policy::decide(&settings.policy_params, &chat.features);
+    timing.mark("policy");
     let upstreams = settings.upstreams();
     let view = NodeView {
         local_models: &settings.local_models,
@@ -123,7 +124,7 @@ async fn chat(req: Request) -> Answer {
         }
         placement => placement,
     };
-    timing.mark("policy");
+    timing.mark("guard");
     let level = chat.sensitivity.explain();
     match placement {
         Placement::Refuse(refused) => {

@@ -57,6 +57,8 @@ pub(super) async fn judge(
     let escalation = judge.then.as_ref().and_then(|then| {
         ctx.with_view(|view| guard::escalate(then, confidence, min, ctx.facts(), view))
     });
+    // Holding back the first tokens and judging them.
+    ctx.timing.mark("judge");
     let Some(Placement::Run {
         target: then,
         reason: why,

@@ -223,8 +223,8 @@ pub async fn decide(
     let asked = Instant::now();
     let (policy, decision) = node.policy.route(&extracted.features).await;
     node.metrics.policy_call(&policy.id, asked.elapsed());
-    timing.mark("policy");
     node.shadow.compare(&extracted.features, &decision);
+    timing.mark("policy");
     let logged = (
         crate::policy::convert::label(&decision),
         decision.as_ref().ok().and_then(|d| d.propensity),

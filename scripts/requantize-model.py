@@ -57,6 +57,10 @@ def main() -> None:
         if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
             continue
         value = field.contents()
+        if field.name == gguf.Keys.General.ALIGNMENT:
+            # Sets the writer's padding too; copied as a plain key it would not.
+            writer.add_custom_alignment(int(value))
+            continue
         if field.name == gguf.Keys.General.FILE_TYPE:
             value = int(file_type)
         kind = field.types[0]

@@ -58,6 +58,25 @@ fn score(detector: &Detector, set: &Path) -> anyhow::Result<()> {
 }
 
 fn scan_time(detector: &Detector) {
+    // What most requests are: a short question, and the strings of one
+    // tool's description (as `edgeroute bench --proxy-only` sends).
+    let short = [
+        "Look up the weather in Lyon.",
+        "function",
+        "weather",
+        "object",
+    ];
+    let mut timings = Vec::with_capacity(2000);
+    for _ in 0..2000 {
+        let t = Instant::now();
+        std::hint::black_box(detector.scan(short));
+        timings.push(t.elapsed());
+    }
+    let spread = Spread::of(timings);
+    println!(
+        "detection: scan of a short chat (a question and a tool's 3 strings): p50 {:.1} µs, p99 {:.1} µs",
+        spread.p50, spread.p99
+    );
     // A 4 KB prompt of ordinary prose with numbers in it, and one secret
     // at its end: the whole text is scanned either way.
     let filler = "The quarterly report lists 42 stores, 1,250 staff and revenue of 3.4 million across 12 regions; please summarise it in three bullet points. ";

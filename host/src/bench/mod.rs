@@ -15,7 +15,7 @@ mod fleet_loopback;
 mod observability;
 mod proxy;
 mod spin_gateway;
-mod upstream;
+pub(crate) mod upstream;
 
 use crate::bindings::target::{ChatRequest, Message};
 use crate::config::Config;

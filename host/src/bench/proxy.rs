@@ -176,7 +176,85 @@ pub(super) fn serve_on(
 
 pub async fn run(config: Config, requests: u32) -> anyhow::Result<()> {
     cloud_call(config.clone(), requests).await?;
+    fetcher_instances(requests).await?;
     peer_hop(config, requests).await
+}
+
+/// The cloud fetcher called directly (no HTTP into the node): on pooled
+/// instances, against a fresh instance per call as the node did before.
+async fn fetcher_instances(requests: u32) -> anyhow::Result<()> {
+    use crate::bindings::target::{ChatRequest, Message};
+    use crate::targets::cloud::{CloudTarget, POOL_SLOTS};
+    use crate::targets::{Job, Taint};
+    let upstream = upstream::start(INSTANT).await?;
+    let config = crate::config::UpstreamConfig {
+        name: "bench".into(),
+        base_url: upstream.base_url.clone(),
+        model: "bench".into(),
+        api_key_env: None,
+        usd_per_mtok_in: 0.0,
+        usd_per_mtok_out: 0.0,
+    };
+    let engine = crate::runtime::engine()?;
+    let target = |slots| {
+        let fetcher = crate::components::CLOUD_FETCH;
+        let timeout = Duration::from_secs(30);
+        CloudTarget::with_pool(
+            &engine,
+            fetcher,
+            std::slice::from_ref(&config),
+            timeout,
+            None,
+            slots,
+        )
+    };
+    let (fresh, pooled) = (target(0)?, target(POOL_SLOTS)?);
+    async fn once(cloud: &CloudTarget) -> anyhow::Result<Duration> {
+        let job = Job::new(ChatRequest {
+            model: String::new(),
+            messages: vec![Message {
+                role: "user".into(),
+                content: "What is the weather in Lyon?".into(),
+            }],
+            max_tokens: 1,
+            temperature: 0.0,
+            top_p: 1.0,
+            seed: 0,
+            stream: false,
+            passthrough: None,
+        });
+        let taint = Taint {
+            request_id: "bench".into(),
+            may_leave: true,
+            ..Taint::default()
+        };
+        let started = Instant::now();
+        cloud
+            .generate("bench", job, taint)
+            .await
+            .map_err(|e| anyhow::anyhow!("cloud-fetch call failed: {e}"))?;
+        Ok(started.elapsed())
+    }
+    for _ in 0..50 {
+        once(&fresh).await?;
+        once(&pooled).await?;
+    }
+    let (mut f, mut p) = (Vec::new(), Vec::new());
+    for _ in 0..requests {
+        f.push(once(&fresh).await?);
+        p.push(once(&pooled).await?);
+    }
+    let (f, p) = (super::Spread::of(f), super::Spread::of(p));
+    println!(
+        "  the cloud fetcher called directly ({requests} calls each way, alternating): a fresh instance per call p50 {:.0} µs, p99 {:.0} µs; pooled instances p50 {:.0} µs, p99 {:.0} µs (pooled / fresh: p50 {:.2}, p99 {:.2})",
+        f.p50,
+        f.p99,
+        p.p50,
+        p.p99,
+        p.p50 / f.p50,
+        p.p99 / f.p99
+    );
+    Ok(())
 }
 
 /// What a hop to a peer adds to the time to first byte and the latency.

@@ -53,6 +53,10 @@ fn guest_env(upstream: &Upstream) -> Vec<(&str, &str)> {
 }
 
 pub struct CloudTarget {
+    /// The fetcher on pooled instances, while fewer than [`POOL_SLOTS`]
+    /// calls run; None when the component does not fit a pool slot.
+    pooled: Option<Pooled>,
+    /// The fetcher on the node's engine: every call past the pool's.
     engine: Engine,
     pre: TargetPre<CloudState>,
     upstreams: BTreeMap<String, Upstream>,
@@ -61,6 +65,20 @@ pub struct CloudTarget {
     pub audit: Arc<EgressAudit>,
     /// One pool of connections for every call to every upstream.
     client: reqwest::Client,
+}
+
+/// Calls that run on pooled instances at once; more take a fresh instance
+/// each (an `mmap` and page faults, ~30 µs more). An agent's calls are
+/// sequential, and 64 streams open at once is a busy edge node.
+pub const POOL_SLOTS: u32 = 64;
+
+struct Pooled {
+    engine: Engine,
+    pre: TargetPre<CloudState>,
+    /// One permit per slot, held until the call's store is dropped.
+    slots: Arc<tokio::sync::Semaphore>,
+    /// Calls that found every slot taken (logged the first time).
+    overflowed: std::sync::atomic::AtomicU64,
 }
 
 /// The client request behind a cloud call, as the egress guard sees it:
@@ -89,8 +107,40 @@ impl CloudTarget {
         timeout: Duration,
         audit_log: Option<crate::audit::AuditLog>,
     ) -> anyhow::Result<Self> {
-        let component = roles::compile(engine, fetcher, Role::CloudFetch, "cloud-fetch")?;
-        let pre = TargetPre::new(cloud_fetch::linker(engine)?.instantiate_pre(&component)?)?;
+        Self::with_pool(engine, fetcher, upstreams, timeout, audit_log, POOL_SLOTS)
+    }
+
+    /// [`Self::new`] with `slots` pooled instances; 0: none, every call
+    /// instantiates afresh (the benchmark's baseline; a test makes the
+    /// pool small to fill it).
+    pub(crate) fn with_pool(
+        engine: &Engine,
+        fetcher: &[u8],
+        upstreams: &[UpstreamConfig],
+        timeout: Duration,
+        audit_log: Option<crate::audit::AuditLog>,
+        slots: u32,
+    ) -> anyhow::Result<Self> {
+        let pre = prepare(engine, fetcher)?;
+        let pooled = match (slots > 0)
+            .then(|| {
+                runtime::pooled_engine(slots)
+                    .and_then(|engine| Ok((prepare(&engine, fetcher)?, engine)))
+            })
+            .transpose()
+        {
+            Ok(None) => None,
+            Ok(Some((pre, engine))) => Some(Pooled {
+                engine,
+                pre,
+                slots: Arc::new(tokio::sync::Semaphore::new(slots as usize)),
+                overflowed: Default::default(),
+            }),
+            Err(error) => {
+                tracing::warn!(error = %format!("{error:#}"), "cloud-fetch cannot run on pooled instances; every call instantiates afresh");
+                None
+            }
+        };
 
         let mut allowed = HashSet::new();
         let mut by_name = BTreeMap::new();
@@ -106,6 +156,7 @@ impl CloudTarget {
             );
         }
         Ok(Self {
+            pooled,
             engine: engine.clone(),
             pre,
             upstreams: by_name,
@@ -154,34 +205,31 @@ impl CloudTarget {
         let call = Arc::new(CallMeter::default());
         let target = format!("cloud:{}", upstream.config.name);
         let audited = taint.clone();
-        let mut store = Store::new(
-            &self.engine,
-            CloudState {
-                wasi: runtime::wasi(&env),
-                table: ResourceTable::new(),
-                http: WasiHttpCtx::new(),
-                hooks: EgressHooks {
-                    allowed_hosts: self.allowed_hosts.clone(),
-                    taint,
-                    target: target.clone(),
-                    audit: self.audit.clone(),
-                    call: call.clone(),
-                    credential: upstream.credential.clone(),
-                    client: self.client.clone(),
-                },
-                sink: Sink {
-                    tx: job.stream,
-                    waiting: job.waiting,
-                },
+        let state = CloudState {
+            wasi: runtime::wasi(&env),
+            table: ResourceTable::new(),
+            http: WasiHttpCtx::new(),
+            hooks: EgressHooks {
+                allowed_hosts: self.allowed_hosts.clone(),
+                taint,
+                target: target.clone(),
+                audit: self.audit.clone(),
+                call: call.clone(),
+                credential: upstream.credential.clone(),
+                client: self.client.clone(),
             },
-        );
+            sink: Sink {
+                tx: job.stream,
+                waiting: job.waiting,
+            },
+        };
+        // Declared before the store, so dropped after it: the slot is free
+        // only once the instance in it is gone.
+        let (_slot, engine, pre) = self.instance_for_call();
+        let mut store = Store::new(engine, state);
         store.set_epoch_deadline(NO_DEADLINE);
         let calling = async {
-            let target = self
-                .pre
-                .instantiate_async(&mut store)
-                .await
-                .map_err(trapped)?;
+            let target = pre.instantiate_async(&mut store).await.map_err(trapped)?;
             target
                 .edgeroute_routing_generator()
                 .call_generate(&mut store, &job.request)
@@ -201,7 +249,47 @@ impl CloudTarget {
     }
 }
 
+/// The cloud-fetch component compiled for `engine`, checked against its role.
+fn prepare(engine: &Engine, fetcher: &[u8]) -> anyhow::Result<TargetPre<CloudState>> {
+    let component = roles::compile(engine, fetcher, Role::CloudFetch, "cloud-fetch")?;
+    Ok(TargetPre::new(
+        cloud_fetch::linker(engine)?.instantiate_pre(&component)?,
+    )?)
+}
+
 impl CloudTarget {
+    /// Where this call's instance comes from: a free pool slot (held by
+    /// the permit), or else a fresh instance on the node's engine.
+    fn instance_for_call(
+        &self,
+    ) -> (
+        Option<tokio::sync::OwnedSemaphorePermit>,
+        &Engine,
+        &TargetPre<CloudState>,
+    ) {
+        if let Some(pooled) = &self.pooled {
+            match pooled.slots.clone().try_acquire_owned() {
+                Ok(permit) => return (Some(permit), &pooled.engine, &pooled.pre),
+                Err(_) => {
+                    if pooled.overflowed.fetch_add(1, Ordering::Relaxed) == 0 {
+                        tracing::info!(
+                            slots = pooled.slots.available_permits(),
+                            "more cloud calls at once than pooled instances; the rest instantiate afresh"
+                        );
+                    }
+                }
+            }
+        }
+        (None, &self.engine, &self.pre)
+    }
+
+    /// Calls that found every pool slot taken.
+    pub fn overflowed(&self) -> u64 {
+        self.pooled
+            .as_ref()
+            .map_or(0, |p| p.overflowed.load(Ordering::Relaxed))
+    }
+
     /// One audit line for a call that got past the egress guard: its data
     /// left, whether or not the upstream answered.
     fn audit_call(&self, call: &CallMeter, taint: &Taint, target: &str, result: &TargetResult) {
@@ -254,6 +342,61 @@ impl super::Backend for CloudTarget {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn request() -> crate::bindings::target::ChatRequest {
+        crate::bindings::target::ChatRequest {
+            model: String::new(),
+            messages: Vec::new(),
+            max_tokens: 1,
+            temperature: 0.0,
+            top_p: 1.0,
+            seed: 0,
+            stream: false,
+            passthrough: None,
+        }
+    }
+
+    /// Past the pool's slots a call takes a fresh instance and still gets
+    /// its answer; a slot is free again once its call has ended.
+    #[tokio::test]
+    async fn calls_past_the_pool_take_fresh_instances() {
+        let slow = crate::bench::upstream::Timing {
+            round_trip: Duration::from_millis(300),
+            server_ttft: Duration::ZERO,
+            tokens_per_s: 1e9,
+        };
+        let upstream = crate::bench::upstream::start(slow).await.unwrap();
+        let config = UpstreamConfig {
+            name: "slow".into(),
+            base_url: upstream.base_url.clone(),
+            model: "m".into(),
+            api_key_env: None,
+            usd_per_mtok_in: 0.0,
+            usd_per_mtok_out: 0.0,
+        };
+        let engine = crate::runtime::engine().unwrap();
+        let fetcher = crate::components::CLOUD_FETCH;
+        let timeout = Duration::from_secs(30);
+        let cloud = CloudTarget::with_pool(&engine, fetcher, &[config], timeout, None, 1).unwrap();
+        assert!(cloud.pooled.is_some(), "the fetcher fits a pool slot");
+        let call = || {
+            let taint = Taint {
+                request_id: "pool".into(),
+                may_leave: true,
+                ..Taint::default()
+            };
+            cloud.generate("slow", Job::new(request()), taint)
+        };
+        // Each holds its instance for the upstream's 300 ms: one slot, three calls.
+        let (a, b, c) = tokio::join!(call(), call(), call());
+        for answer in [a, b, c] {
+            assert_eq!(answer.unwrap().text, "word");
+        }
+        assert_eq!(cloud.overflowed(), 2);
+        assert_eq!(call().await.unwrap().text, "word");
+        assert_eq!(cloud.overflowed(), 2, "the slot was free again");
+        assert_eq!(upstream.received.lock().unwrap().len(), 4);
+    }
 
     #[test]
     fn the_guest_environment_holds_no_key() {
@@ -311,24 +454,7 @@ mod tests {
         .unwrap();
         let target =
             CloudTarget::new(&engine, &snoop, &[config], Duration::from_secs(30), None).unwrap();
-        let job = Job {
-            request: crate::bindings::target::ChatRequest {
-                model: String::new(),
-                messages: Vec::new(),
-                max_tokens: 1,
-                temperature: 0.0,
-                top_p: 1.0,
-                seed: 0,
-                stream: false,
-                passthrough: None,
-            },
-            stream: None,
-            meter: Default::default(),
-            cache: None,
-            prompt: None,
-            decoding: Default::default(),
-            waiting: None,
-        };
+        let job = Job::new(request());
         let taint = Taint {
             request_id: "snoop".into(),
             may_leave: true,

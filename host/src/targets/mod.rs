@@ -107,6 +107,22 @@ pub struct Job {
     pub waiting: Option<tokio::sync::oneshot::Receiver<()>>,
 }
 
+impl Job {
+    /// A job for `request` with nothing streamed, no cache scope and no
+    /// prompt tokenized ahead (benchmarks and tests).
+    pub fn new(request: ChatRequest) -> Self {
+        Self {
+            request,
+            stream: None,
+            meter: Default::default(),
+            cache: None,
+            prompt: None,
+            decoding: Default::default(),
+            waiting: None,
+        }
+    }
+}
+
 pub type TargetResult = Result<Completion, TargetFailure>;
 
 /// A trap inside a target component is the component's failure, not the

@@ -184,9 +184,27 @@ fn tool_calls_always_serves_public_requests_locally_and_never_refuses_restricted
     let resp = always.post_chat(body("public"), &[]);
     assert_eq!(resp.status, 200, "{resp:?}");
     assert!(resp.target().unwrap().starts_with("local:"), "{resp:?}");
-    assert_eq!(
-        resp.json()["choices"][0]["message"]["tool_calls"][0]["function"]["name"],
-        "get_time",
+    let calls = resp.json()["choices"][0]["message"]["tool_calls"].clone();
+    assert_eq!(calls.as_array().unwrap().len(), 1, "{resp:?}");
+    assert_eq!(calls[0]["function"]["name"], "get_time", "{resp:?}");
+
+    // Asked for parallel calls, the grammar lets the model write more than
+    // one (greedy SmolLM2 repeats its call until max_tokens): every whole
+    // call comes back with its own id, the one cut short is dropped.
+    let mut parallel = body("public");
+    parallel["parallel_tool_calls"] = json!(true);
+    parallel["max_tokens"] = json!(64);
+    let resp = always.post_chat(parallel, &[]);
+    assert_eq!(resp.status, 200, "{resp:?}");
+    let choice = &resp.json()["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{resp:?}");
+    let calls = choice["message"]["tool_calls"].as_array().unwrap().clone();
+    assert!(calls.len() >= 2, "{resp:?}");
+    let ids: std::collections::HashSet<&str> =
+        calls.iter().map(|c| c["id"].as_str().unwrap()).collect();
+    assert_eq!(ids.len(), calls.len(), "{resp:?}");
+    assert!(
+        calls.iter().all(|c| c["function"]["name"] == "get_time"),
         "{resp:?}"
     );
     drop(always);

@@ -1,11 +1,12 @@
 //! Tool calls on the local model.
 //!
 //! A request that offers tools is served locally by holding generation to
-//! a grammar: one call in the Hermes format tool-trained small models know
+//! a grammar: calls in the Hermes format tool-trained small models know
 //! (`<tool_call>{"name": …, "arguments": {…}}</tool_call>`, the arguments
-//! held to the tool's JSON schema by llama.cpp's own converter) or, when
-//! `tool_choice` is `auto`, plain text. The call comes back as OpenAI's
-//! `tool_calls`. Earlier calls and their results in the conversation are
+//! held to the tool's JSON schema by llama.cpp's own converter; one call,
+//! or up to [`MAX_CALLS`] when the request says `parallel_tool_calls:
+//! true`) or, when `tool_choice` is `auto`, plain text. The calls come back as
+//! OpenAI's `tool_calls`. Earlier calls and their results in the conversation are
 //! rendered in the same format, so the model sees what it called.
 //!
 //! What the grammar cannot express (a tool type other than `function`, a
@@ -18,6 +19,9 @@ use std::sync::Arc;
 
 const CALL_OPEN: &str = "<tool_call>";
 const CALL_CLOSE: &str = "</tool_call>";
+/// Calls one local answer may hold: a bound on what a small model that
+/// keeps repeating itself can spend of `max_tokens` on calls.
+pub const MAX_CALLS: usize = 8;
 
 /// Which requests offering tools the local model serves (`[local]
 /// tool_calls`). A small local model's tool calls are well-formed (a
@@ -59,6 +63,11 @@ pub struct Offered {
     functions: Vec<Map<String, Value>>,
     /// `tool_choice` is `required` or names a function: text is not an answer.
     must_call: bool,
+    /// `parallel_tool_calls: true`: more than one call in an answer. Only
+    /// when asked, though OpenAI's default is true: a small model allowed a
+    /// second call tends to repeat its first until `max_tokens` (SmolLM2
+    /// does, greedy), so one call is the local default.
+    parallel: bool,
 }
 
 /// What the local model makes of a request's `tools`.
@@ -137,6 +146,16 @@ pub fn offer(request: &Map<String, Value>) -> Result<Offer, Invalid> {
             true
         }
     };
+    let parallel = match request.get("parallel_tool_calls") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(parallel)) => *parallel,
+        Some(_) => {
+            return Err(
+                Invalid::request("'parallel_tool_calls' must be true or false")
+                    .param("parallel_tool_calls"),
+            );
+        }
+    };
     if request
         .get("response_format")
         .and_then(|f| f.get("type"))
@@ -148,6 +167,7 @@ pub fn offer(request: &Map<String, Value>) -> Result<Offer, Invalid> {
     Ok(Offer::Local(Offered {
         functions,
         must_call,
+        parallel,
     }))
 }
 
@@ -178,13 +198,19 @@ impl Offered {
         let call = to_grammar(&schema)?;
         let call = rename_rule(&call, "root", "edgeroute-call");
         let wrapped = r#""<tool_call>\n" edgeroute-call "\n</tool_call>""#;
+        let calls = if self.parallel {
+            let more = MAX_CALLS - 1;
+            format!("edgeroute-calls ::= {wrapped} (\"\\n\" {wrapped}){{0,{more}}}\n")
+        } else {
+            format!("edgeroute-calls ::= {wrapped}\n")
+        };
         let root = if self.must_call {
-            format!("root ::= {wrapped}\n")
+            "root ::= edgeroute-calls\n".to_string()
         } else {
             // Text may be anything that does not begin a call.
-            format!("root ::= {wrapped} | edgeroute-text\nedgeroute-text ::= [^<] .*\n")
+            "root ::= edgeroute-calls | edgeroute-text\nedgeroute-text ::= [^<] .*\n".to_string()
         };
-        Ok(Arc::from(format!("{root}{call}")))
+        Ok(Arc::from(format!("{root}{calls}{call}")))
     }
 
     /// The system prompt's section that describes the tools, in the words
@@ -195,8 +221,9 @@ impl Offered {
             .iter()
             .map(|f| json!({ "type": "function", "function": f }).to_string())
             .collect();
+        let how_many = if self.parallel { "one or more" } else { "one" };
         format!(
-            "# Tools\n\nYou may call one of these functions to assist with the user query.\n\n\
+            "# Tools\n\nYou may call {how_many} of these functions to assist with the user query.\n\n\
              You are provided with function signatures within <tools></tools> XML tags:\n\
              <tools>\n{}\n</tools>\n\n\
              For a function call, return a json object with the function name and arguments \
@@ -256,25 +283,42 @@ pub fn render(role: &str, text: String, message: &Value) -> (String, String) {
     (role.to_string(), text)
 }
 
-/// The assistant message for a local answer that is a tool call, or None
-/// when it is text (or a call cut short by `max_tokens`, which stays text).
+/// The assistant message for a local answer that is tool calls, or None
+/// when it is text. An answer cut short by `max_tokens` inside its first
+/// call stays text; one cut inside a later call keeps the whole calls
+/// before it (what a model that repeats itself leaves). The first call's
+/// id is `call_id`, the next ones `call_id` and their position
+/// (`call_x_1`, …).
 pub fn call_message(text: &str, call_id: &str) -> Option<Value> {
-    let body = text
-        .trim()
-        .strip_prefix(CALL_OPEN)?
-        .strip_suffix(CALL_CLOSE)?;
-    let call: Value = serde_json::from_str(body.trim()).ok()?;
-    let name = call.get("name")?.as_str()?;
-    let arguments = call.get("arguments")?;
-    Some(json!({
-        "role": "assistant",
-        "content": null,
-        "tool_calls": [{
-            "id": call_id,
+    let mut rest = text.trim();
+    let mut calls = Vec::new();
+    while !rest.is_empty() {
+        let opened = rest.strip_prefix(CALL_OPEN)?;
+        let Some((body, after)) = opened.split_once(CALL_CLOSE) else {
+            // Cut short: the calls before it stand, if there are any.
+            break;
+        };
+        let call: Value = serde_json::from_str(body.trim()).ok()?;
+        let name = call.get("name")?.as_str()?;
+        let arguments = call.get("arguments")?;
+        let id = match calls.len() {
+            0 => call_id.to_string(),
+            n => format!("{call_id}_{n}"),
+        };
+        calls.push(json!({
+            "id": id,
             "type": "function",
             "function": { "name": name, "arguments": arguments.to_string() },
-        }],
-    }))
+        }));
+        rest = after.trim_start();
+    }
+    (!calls.is_empty()).then(|| {
+        json!({
+            "role": "assistant",
+            "content": null,
+            "tool_calls": calls,
+        })
+    })
 }
 
 /// A finished message's tool calls as one streamed delta: each call whole,
@@ -425,6 +469,11 @@ mod tests {
                        "tool_choice": {"type": "function", "function": {"name": "y"}}}),
                 "'y'",
             ),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "x"}}],
+                       "parallel_tool_calls": "yes"}),
+                "'parallel_tool_calls' must be true or false",
+            ),
         ] {
             let error = offer(&request(body.clone())).unwrap_err();
             assert!(error.message.contains(needle), "{body}: {error:?}");
@@ -445,9 +494,19 @@ mod tests {
 
     #[test]
     fn the_grammar_wraps_the_converted_schema_and_allows_text_only_on_auto() {
-        let auto = offered(weather(None)).grammar(&literal).unwrap();
-        assert!(auto.starts_with("root ::= \"<tool_call>\\n\" edgeroute-call"));
-        assert!(auto.contains("| edgeroute-text"));
+        let mut parallel = weather(None);
+        parallel.insert("parallel_tool_calls".into(), json!(true));
+        let parallel = offered(parallel);
+        let auto = parallel.grammar(&literal).unwrap();
+        assert!(auto.starts_with("root ::= edgeroute-calls | edgeroute-text\n"));
+        // Asked for parallel calls: up to MAX_CALLS, a newline between two.
+        let wrapped = r#""<tool_call>\n" edgeroute-call "\n</tool_call>""#;
+        assert!(
+            auto.contains(&format!(
+                "\nedgeroute-calls ::= {wrapped} (\"\\n\" {wrapped}){{0,7}}\n"
+            )),
+            "{auto}"
+        );
         // The converter's own root is renamed, so the grammar has one root.
         assert!(auto.contains("\nedgeroute-call ::= root-kv\n"), "{auto}");
         assert_eq!(auto.matches("root ::=").count(), 1, "{auto}");
@@ -460,6 +519,26 @@ mod tests {
             .grammar(&literal)
             .unwrap();
         assert!(!required.contains("edgeroute-text"));
+        // Without `parallel_tool_calls: true`: exactly one call, and the
+        // prompt asks for one.
+        for parallel in [None, Some(false)] {
+            let mut single = weather(Some(json!("required")));
+            if let Some(parallel) = parallel {
+                single.insert("parallel_tool_calls".into(), json!(parallel));
+            }
+            let single = offered(single);
+            let grammar = single.grammar(&literal).unwrap();
+            assert!(
+                grammar.contains(&format!("\nedgeroute-calls ::= {wrapped}\n")),
+                "{grammar}"
+            );
+            assert!(single.prompt().contains("You may call one of these"));
+        }
+        assert!(
+            parallel
+                .prompt()
+                .contains("You may call one or more of these")
+        );
         assert!(
             offered(weather(None))
                 .grammar(&|_| Err("no".into()))
@@ -492,6 +571,37 @@ mod tests {
         assert!(message["content"].is_null());
         assert!(call_message("<tool_call>\n{\"name\": \"get_wea", "c").is_none());
         assert!(call_message("It is sunny.", "c").is_none());
+    }
+
+    #[test]
+    fn several_calls_keep_their_order_and_get_their_own_ids() {
+        let call = |city: &str| {
+            format!(
+                "<tool_call>\n{{\"name\": \"get_weather\", \"arguments\": {{\"city\": \"{city}\"}}}}\n</tool_call>"
+            )
+        };
+        let text = format!("{}\n{}\n{}", call("Paris"), call("Lyon"), call("Nice"));
+        let message = call_message(&text, "call_x").unwrap();
+        let calls = message["tool_calls"].as_array().unwrap();
+        let ids: Vec<&str> = calls.iter().map(|c| c["id"].as_str().unwrap()).collect();
+        assert_eq!(ids, ["call_x", "call_x_1", "call_x_2"]);
+        let cities: Vec<String> = calls
+            .iter()
+            .map(|c| {
+                let arguments = c["function"]["arguments"].as_str().unwrap();
+                serde_json::from_str::<Value>(arguments).unwrap()["city"].to_string()
+            })
+            .collect();
+        assert_eq!(cities, ["\"Paris\"", "\"Lyon\"", "\"Nice\""]);
+        // Streamed, each carries its index.
+        let delta = streamed_calls(&message).unwrap();
+        assert_eq!(delta["tool_calls"][2]["index"], 2);
+        // A second call cut short: the first stands.
+        let cut = format!("{}\n<tool_call>\n{{\"name\": \"get_we", call("Paris"));
+        let message = call_message(&cut, "c").unwrap();
+        assert_eq!(message["tool_calls"].as_array().unwrap().len(), 1);
+        // Text after a call is not a call.
+        assert!(call_message(&format!("{} and more", call("Paris")), "c").is_none());
     }
 
     #[test]

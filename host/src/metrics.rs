@@ -447,6 +447,12 @@ fn live(registry: &mut Registry, node: &Node) {
         refused.add(&[("reason", reason)], n.load(Ordering::Relaxed) as f64);
     }
     registry.register_collector(Box::new(refused));
+    counter(
+        registry,
+        "cloud_fetch_unpooled",
+        "Cloud calls that found every pooled cloud-fetch instance busy and instantiated afresh",
+        node.cloud.overflowed(),
+    );
 
     let totals = node.ledger.totals();
     registry.register(

@@ -223,6 +223,11 @@ fn metrics_and_the_audit_log_account_for_every_request_of_a_burst() {
     );
     assert_eq!(sample(&m, "edgeroute_egress_allowed_total", &[]), 1.0);
     assert_eq!(
+        sample(&m, "edgeroute_cloud_fetch_unpooled_total", &[]),
+        0.0,
+        "one cloud call at a time runs on a pooled instance"
+    );
+    assert_eq!(
         sample(&m, "edgeroute_egress_refused_total", &[]),
         0.0,
         "nothing tried to leave that may not"

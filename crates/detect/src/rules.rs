@@ -155,13 +155,21 @@ pub fn builtin() -> Vec<Rule> {
             r"(?:\(\d{3}\)\s?|\b\d{3}[ .\-])\d{3}[ .\-]\d{4}\b",
             None,
         ),
+        // National mobile numbers as people write them, distinctive
+        // enough without a phone word: French (06 12 34 56 78, pairs
+        // apart), British (07700 900123, the space after the prefix),
+        // Japanese (090-1234-5678). Written solid they are order numbers
+        // as often as phones, so the separators are required.
+        rule("phone", &bounded(r"0[67](?:[ .\-]\d{2}){4}"), None),
+        rule("phone", &bounded(r"07\d{3} \d{6}"), None),
+        rule("phone", &bounded(r"0[789]0-\d{4}-\d{4}"), None),
         with_context(
             rule(
                 "phone",
                 &bounded(r"\(?\d{2,5}\)?[ .\-/]?\d{2,4}[ .\-]?\d{2,4}(?:[ .\-]?\d{2,4})?"),
                 Some(v::phone_digits),
             ),
-            r"phone|tel|call|mobile|cell|ring|telefon|téléphone|teléfono|handy|portable|móvil|电话|手机|联系",
+            r"phone|tel|call|mobile|cell|ring|whatsapp|signal|fax|telefon|téléphone|teléfono|handy|portable|móvil|celular|cellulare|电话|手机|联系|電話|携帯|전화|휴대폰|핸드폰|телефон|мобильн|फ़ोन|फोन|مو?بايل|هاتف",
         ),
         // Addresses: a house number and a capitalised street name ("221B
         // Baker Street"; "the square" in a sentence is not one), a UK postcode, a
@@ -207,10 +215,10 @@ pub fn builtin() -> Vec<Rule> {
         with_context(
             rule(
                 "date-of-birth",
-                r"(?i)(?:\d{1,4}[./\-年]\s?\d{1,2}[./\-月]\s?\d{1,4}日?|\d{1,2}\s{1,3}de\s{1,3}\p{L}{1,20}\s{1,3}de\s{1,3}\d{4}|\d{1,2}(?:st|nd|rd|th)?\s{1,3}(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec|janv|févr|mars|avr|mai|juin|juil|août|sept|déc|enero|febrero|marzo|abril|mayo|junio|julio|agosto|septiembre|octubre|noviembre|diciembre|januar|februar|märz|juni|juli|oktober|dezember)[a-zéû]*\.?,?\s{1,3}\d{4}|(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?\s{1,3}\d{1,2}(?:st|nd|rd|th)?,?\s{1,3}\d{4})",
+                r"(?i)(?:\d{1,4}[./\-年]\s?\d{1,2}[./\-月]\s?\d{1,4}日?|\d{1,2}\s{1,3}de\s{1,3}\p{L}{1,20}\s{1,3}de\s{1,3}\d{4}|\d{1,2}(?:st|nd|rd|th)?\s{1,3}(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec|janv|févr|mars|avr|mai|juin|juil|août|sept|déc|enero|febrero|marzo|abril|mayo|junio|julio|agosto|septiembre|octubre|noviembre|diciembre|januar|februar|märz|juni|juli|oktober|dezember|gennaio|febbraio|aprile|maggio|giugno|luglio|settembre|ottobre|dicembre|janeiro|fevereiro|março|maio|junho|julho|setembro|outubro|dezembro|января|февраля|марта|апреля|мая|июня|июля|августа|сентября|октября|ноября|декабря)[a-zéûç]*\.?,?\s{1,3}\d{4}|\d{4}년\s?\d{1,2}월\s?\d{1,2}일|(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?\s{1,3}\d{1,2}(?:st|nd|rd|th)?,?\s{1,3}\d{4})",
                 None,
             ),
-            r"born|birth|dob|d\.o\.b|birthday|geboren|geburt|né le|née le|naissance|nacimiento|nació|出生|生日|生于",
+            r"born|birth|dob|d\.o\.b|birthday|geboren|geburt|geb\.|né le|née le|naissance|nacimiento|nació|nato il|nata il|nascita|nascimento|nascido|nascida|geboorte|född|urodzon|urodzenia|doğum|рожден|родил|जन्म|ngày sinh|tanggal lahir|تاريخ الميلاد|出生|生日|生于|生年月日|생년월일|생일|출생",
         ),
         rule(
             "ip-address",

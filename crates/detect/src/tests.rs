@@ -116,9 +116,27 @@ fn phones() {
             "+49 30 901820",
             "手机13812345678",
             "Telefon: 030 901820",
+            // National mobile formats, no phone word needed.
+            "écrivez-moi au 06 12 34 56 78",
+            "text 07700 900123 after six",
+            "携帯は090-1234-5678です",
+            // Phone words of more languages.
+            "WhatsApp 98765 43210",
+            "meu celular é 11 98765 4321",
+            "전화 010-1234-5678",
+            "телефон 8 912 345 67 89",
         ],
     );
-    misses("phone", &["version 2.14.3", "the year 2024"]);
+    misses(
+        "phone",
+        &[
+            "version 2.14.3",
+            "the year 2024",
+            "order 0612345678 shipped",
+            "invoice 07700900123",
+            "ratio 06 12 34",
+        ],
+    );
 }
 
 #[test]
@@ -147,6 +165,13 @@ fn addresses_dates_and_network() {
             "born on 4 July 1976",
             "DOB: 1976-07-04",
             "出生日期：1976年7月4日",
+            "生年月日: 1976年7月4日",
+            "생년월일 1976년 7월 4일",
+            "nato il 4/7/1976",
+            "data de nascimento: 04/07/1976",
+            "дата рождения 4 июля 1976",
+            "geboortedatum 04-07-1976",
+            "doğum tarihi 04.07.1976",
         ],
     );
     misses("date-of-birth", &["the meeting on 1976-07-04"]);

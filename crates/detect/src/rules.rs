@@ -281,6 +281,14 @@ pub fn builtin() -> Vec<Rule> {
             r#"(?i)(?:password|passwd|pwd|passwort|kennwort|mot de passe|contraseña|密码|口令)\s*["']?\s*[=:：]\s*["']?([^\s"',;]{4,256})"#,
             Some(not_placeholder),
         ),
+        // Said rather than assigned: "my password is hunter2", "le mot de
+        // passe est Soleil42", "パスワードは abc123!". Only a value with a
+        // digit or a symbol counts ("the password is incorrect" is not one).
+        rule(
+            "password",
+            r#"(?i)(?:\b(?:password|passwd|passcode|passphrase|mot de passe|passwort|kennwort|contraseña|senha|wachtwoord)|пароль|パスワード|비밀번호|密码|口令)\s{0,3}(?:[:：]\s{0,3})?(?:is|was|ist|lautet|est|es|é|è|это|は|는|은|是|为)?\s{0,3}(?:now|still|set to|changed to)?\s{0,3}["'«“„]?([^\s"'»”“,;]{4,64})"#,
+            Some(said_password),
+        ),
         rule(
             "secret",
             r#"(?i)\b[a-z0-9_\-]{0,64}(?:secret|token|api_?key|apikey|access_?key|private_?key|auth_?key|credential)[a-z0-9_\-]{0,64}["']?\s*[=:]\s*["']?([^\s"'`,;]{16,512})"#,
@@ -302,6 +310,18 @@ fn uk_postcode_shape(s: &str) -> bool {
 fn us_state(s: &str) -> bool {
     const STATES: &str = "AL AK AZ AR CA CO CT DE FL GA HI ID IL IN IA KS KY LA ME MD MA MI MN MS MO MT NE NV NH NJ NM NY NC ND OH OK OR PA RI SC SD TN TX UT VT VA WA WV WI WY DC PR";
     STATES.split(' ').any(|state| s.starts_with(state))
+}
+
+/// A password someone wrote out in a sentence: not a placeholder, starting
+/// like a word or number, with a digit or a symbol in it (so "is
+/// incorrect", "(at least 12 characters)" and "reset" are not).
+fn said_password(s: &str) -> bool {
+    let s = s.trim_end_matches(['.', '!', '?', ')']);
+    s.chars().count() >= 4
+        && s.chars().next().is_some_and(char::is_alphanumeric)
+        && s.chars()
+            .any(|c| c.is_ascii_digit() || c.is_ascii_punctuation())
+        && not_placeholder(s)
 }
 
 /// "password: ****", "password = <your password>" and "password: string"

@@ -214,6 +214,12 @@ fn secrets() {
             "postgres://app:S3cr3t!pw@db:5432/prod",
             "password = \"hunter22\"",
             "Server=db;Pwd=Tr0ub4dor;",
+            "my password is hunter2",
+            "le mot de passe est Soleil42",
+            "das Passwort lautet Sommer2024!",
+            "Wifi password: is now Blue-Fox-19",
+            "パスワードは abc123!",
+            "пароль qwerty123",
         ],
     );
     misses(
@@ -222,6 +228,11 @@ fn secrets() {
             "password: ****",
             "enter your password = <password>",
             "password_field_label",
+            "the password is incorrect",
+            "your password must be (at least 12 characters)",
+            "a password reset link, valid 24 hours",
+            "password123 is a weak example of a password",
+            "the password was changed on 2024-01-05.",
         ],
     );
     finds("secret", &["client_secret = \"9fK2mQ7xL1pZ8rT4vB6nW3yH\""]);

@@ -191,7 +191,7 @@ pub fn builtin() -> Vec<Rule> {
         ),
         rule(
             "postal-address",
-            r"(?i)\b[a-zäöüß\-]{1,40}(?:straße|strasse|str\.|weg|platz|allee|gasse|ring|damm)\s{1,3}\d{1,5}[a-z]?\b",
+            r"(?i)\b[a-zäöüßåøæ\-]{1,40}(?:straße|strasse|str\.|weg|platz|allee|gasse|ring|damm|straat|gracht|laan|plein|kade|singel|gatan|vägen|gata|vej|gade|veien)\s{1,3}\d{1,5}[a-z]?\b",
             None,
         ),
         rule(
@@ -204,12 +204,23 @@ pub fn builtin() -> Vec<Rule> {
             r"\p{Han}{2,24}(?:路|街|道|巷|里)\d{1,5}号",
             None,
         ),
+        // Japanese: the postal mark and its 7 digits, or a block number
+        // (丁目); Korean: a district (구) and then a road (로, 길) and its
+        // number — 로 alone is also a particle ("to").
+        rule("postal-address", r"〒\s?\d{3}-?\d{4}", None),
+        rule("postal-address", r"\d{1,2}\s?丁目\s?\d{1,4}", None),
+        rule(
+            "postal-address",
+            r"\p{Hangul}+구\s{1,3}\p{Hangul}+(?:로|길)\s?\d{1,4}",
+            None,
+        ),
         rule(
             "postal-address",
             // `+`, not `{1,32}`: a counted repeat of a Unicode class under
             // (?i) compiles to a 75 ms automaton, paid by every instance of
             // the Spin gateway; the longer words it admits change nothing.
-            r"(?i)\b(?:calle|avenida|av\.|plaza|paseo|carrer|rua|via|viale|corso|piazza|rue|boulevard|chemin)\s{1,3}(?:[\p{L}.'\-]+\s{1,3}){0,5}\d{1,4}\b",
+            // "Via" only capitalised: "sent via email, 12 replied" is English.
+            r"(?i)\b(?:calle|avenida|av\.|plaza|paseo|carrer|rua|(?-i:Via|VIA)|viale|corso|piazza|rue|boulevard|chemin)\s{1,3}(?:[\p{L}.'\-]+,?\s{1,3}){0,5}\d{1,4}\b",
             None,
         ),
         with_context(

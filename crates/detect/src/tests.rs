@@ -150,6 +150,13 @@ fn addresses_dates_and_network() {
             "Hauptstraße 5",
             "12 rue de la Paix",
             "北京市朝阳区建国路88号",
+            "Via Roma, 12, Milano",
+            "Rua Augusta, 100",
+            "Kalverstraat 92, Amsterdam",
+            "Drottninggatan 53",
+            "〒100-0001 東京都千代田区",
+            "千代田区千代田1丁目1",
+            "서울특별시 강남구 테헤란로 123",
         ],
     );
     misses(
@@ -157,6 +164,8 @@ fn addresses_dates_and_network() {
         &[
             "I have 3 cats",
             "Multiply 4821 by 3907 and then subtract the square of 97",
+            "서울로 2명이 갑니다",
+            "sent via email, 12 people replied",
         ],
     );
     finds(

@@ -272,6 +272,17 @@ pub fn builtin() -> Vec<Rule> {
         rule("api-key", r"(?i)AccountKey=[A-Za-z0-9+/=]{40,}", None),
         rule("api-key", r"\bnpm_[A-Za-z0-9]{36}\b", None),
         rule("api-key", r"\bhf_[A-Za-z0-9]{30,256}\b", None),
+        // More providers' documented token prefixes, as one pattern (one
+        // search per text, not one per provider): PyPI, HashiCorp Vault,
+        // DigitalOcean, Shopify, Databricks, Stripe webhooks, Telegram
+        // bots, Linear, Postman, Grafana, New Relic, Square, Mailgun,
+        // Supabase, Doppler, GitLab's other tokens, Replicate, Groq,
+        // Perplexity, xAI.
+        rule(
+            "api-key",
+            r"\b(?:pypi-AgE[A-Za-z0-9_\-]{50,}|hvs\.[A-Za-z0-9_\-]{24,}|do[opr]_v1_[a-f0-9]{64}|shp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}|dapi[a-f0-9]{32}|whsec_[A-Za-z0-9+/]{32,}|[0-9]{8,10}:AA[A-Za-z0-9_\-]{33}|lin_api_[A-Za-z0-9]{40}|PMAK-[a-f0-9]{24}-[a-f0-9]{34}|glsa_[A-Za-z0-9]{32}_[a-f0-9]{8}|glc_[A-Za-z0-9+/]{32,}|NRAK-[A-Z0-9]{27}|sq0(?:atp|csp)-[0-9A-Za-z_\-]{22,43}|key-[0-9a-f]{32}|sbp_[a-f0-9]{40}|dp\.(?:st|ct|sa|pt)\.[A-Za-z0-9_\-]{40,44}|gl(?:ptt|dt|rt|cbt|ft|imt|oas|soat)-[A-Za-z0-9_\-]{20,}|r8_[A-Za-z0-9]{37}|gsk_[A-Za-z0-9]{52}|pplx-[A-Za-z0-9]{48}|xai-[A-Za-z0-9]{80})\b",
+            None,
+        ),
         rule(
             "private-key",
             r"-----BEGIN (?:[A-Z0-9]{1,16} ){0,4}PRIVATE KEY(?: BLOCK)?-----",

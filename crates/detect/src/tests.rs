@@ -207,9 +207,25 @@ fn secrets() {
             "AIzaSyA1234567890abcdefghijklmnopqrstuv",
             "SG.abcdefghijklmnop.abcdefghijklmnopqrstuvwx",
             "hf_abcdefghijklmnopqrstuvwxyz0123",
+            "VAULT_TOKEN=hvs.CAESIJ1234567890abcdefghijklmnop",
+            "dop_v1_0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+            "bot 1234567890:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsawq",
+            "key-0123456789abcdef0123456789abcdef",
+            "gsk_abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHIJKLMNOP",
+            "r8_abcdefghijklmnopqrstuvwxyz0123456789A",
         ],
     );
-    misses("api-key", &["task-management", "sk-short"]);
+    misses(
+        "api-key",
+        &[
+            "task-management",
+            "sk-short",
+            "a key-value store",
+            "pypi-package",
+            "at 12:30 AA flight",
+            "r8_short",
+        ],
+    );
     finds("private-key", &["-----BEGIN RSA PRIVATE KEY-----\nMIIE..."]);
     finds(
         "jwt",

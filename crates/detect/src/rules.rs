@@ -128,15 +128,26 @@ pub fn builtin() -> Vec<Rule> {
                 &bounded(r"[A-Za-z0-9]{6,9}"),
                 Some(v::passport_shape),
             ),
-            r"passport|reisepass|passeport|pasaporte|passaporto|护照|パスポート",
+            r"passport|reisepass|passeport|pasaporte|passaport|paspoort|pasaport|paszport|paspor|паспорт|पासपोर्ट|hộ chiếu|جواز السفر|护照|パスポート|여권",
         ),
         with_context(
             rule(
                 "bank-account",
-                &bounded(r"\d{2}-\d{2}-\d{2}|\d{6,12}"),
-                None,
+                // Solid (up to 18: Mexico's CLABE, India's longest), or in
+                // groups as banks print them (Korea's 110-123-456789).
+                // Not after a dash either: the tail of a date ("…-10-2023")
+                // is not one.
+                &format!(
+                    r"(?:^|[^0-9A-Za-z\-])(\d{{2}}-\d{{2}}-\d{{2}}|\d{{2,6}}(?:-\d{{2,8}}){{1,3}}|\d{{6,18}}){E}"
+                ),
+                Some(not_a_date),
             ),
-            r"sort[ _\-]?code|account[ _\-]?(?:number|no)|acct|bank[ _\-]?account|routing|kontonummer|numéro de compte|número de cuenta|账号|账户",
+            r"sort[ _\-]?code|account[ _\-]?(?:number|no|#)|acct|a/c|acc\.? no|bank[ _\-]?account|routing|bsb|clabe|transit number|kontonummer|kontonr|konto|rekeningnummer|numéro de compte|número de cuenta|numero di conto|conto corrente|número da conta|conta corrente|hesap numarası|счёт|счет|口座番号|口座|계좌번호|계좌|账号|账户",
+        ),
+        // An Indian bank branch (IFSC: four letters, a zero, six more).
+        with_context(
+            rule("bank-account", &bounded(r"[A-Z]{4}0[A-Z0-9]{6}"), None),
+            r"ifsc",
         ),
         with_context(
             rule("bank-account", &bounded(r"\d{9}"), Some(v::aba)),
@@ -332,6 +343,19 @@ fn uk_postcode_shape(s: &str) -> bool {
 fn us_state(s: &str) -> bool {
     const STATES: &str = "AL AK AZ AR CA CO CT DE FL GA HI ID IL IN IA KS KY LA ME MD MA MI MN MS MO MT NE NV NH NJ NM NY NC ND OH OK OR PA RI SC SD TN TX UT VT VA WA WV WI WY DC PR";
     STATES.split(' ').any(|state| s.starts_with(state))
+}
+
+/// Groups of digits that are a date with its year ("opened 2023-10-05",
+/// "05-10-2023") are not an account number. (A sort code, 12-34-56, has
+/// no year and stays one.)
+fn not_a_date(s: &str) -> bool {
+    let groups: Vec<&str> = s.split('-').collect();
+    let is_date = groups.len() == 3
+        && matches!(
+            groups.iter().map(|g| g.len()).collect::<Vec<_>>()[..],
+            [4, 1 | 2, 1 | 2] | [1 | 2, 1 | 2, 4]
+        );
+    !is_date
 }
 
 /// A password someone wrote out in a sentence: not a placeholder, starting

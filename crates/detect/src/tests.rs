@@ -90,11 +90,36 @@ fn national_ids() {
         &["our VAT number is DE123456789", "USt-IdNr. DE123456789"],
     );
     misses("eu-vat", &["part DE123456789 in stock"]);
-    finds("passport", &["passport no. X1234567", "护照号码E12345678"]);
+    finds(
+        "passport",
+        &[
+            "passport no. X1234567",
+            "护照号码E12345678",
+            "paspoortnummer NW1234567",
+            "номер паспорта 751234567",
+            "여권번호 M12345678",
+        ],
+    );
     misses("passport", &["ticket X1234567"]);
     finds(
         "bank-account",
-        &["sort code 12-34-56, account number 12345678"],
+        &[
+            "sort code 12-34-56, account number 12345678",
+            "계좌번호 110-123-456789",
+            "口座番号 1234567",
+            "CLABE 002010077777777771",
+            "IFSC HDFC0001234",
+            "Konto 0532013000",
+        ],
+    );
+    misses(
+        "bank-account",
+        &[
+            "account of 2023-24 results",
+            "ticket 110-123-456789",
+            "account opened 2023-10-05",
+            "Konto seit 05-10-2023",
+        ],
     );
 }
 

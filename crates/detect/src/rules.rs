@@ -324,8 +324,21 @@ pub fn builtin() -> Vec<Rule> {
         ),
         rule(
             "secret",
-            r#"(?i)\b[a-z0-9_\-]{0,64}(?:secret|token|api_?key|apikey|access_?key|private_?key|auth_?key|credential)[a-z0-9_\-]{0,64}["']?\s*[=:]\s*["']?([^\s"'`,;]{16,512})"#,
+            r#"(?i)\b[a-z0-9_\-]{0,64}(?:secret|token|api_?key|apikey|access_?key|private_?key|auth_?key|credential|passphrase|_key|_pass)[a-z0-9_\-]{0,64}["']?\s*[=:]\s*["']?([^\s"'`,;]{16,512})"#,
             Some(v::high_entropy),
+        ),
+        // An HTTP credential pasted with its header: an opaque bearer
+        // token (a JWT is found as one already), or Basic's base64 of
+        // user:password.
+        rule(
+            "secret",
+            r"(?i)\bbearer\s+([A-Za-z0-9._~+/\-]{20,512}=*)",
+            Some(v::high_entropy),
+        ),
+        rule(
+            "secret",
+            r"(?i)\bauthorization:\s*basic\s+([A-Za-z0-9+/]{8,512}={0,2})",
+            None,
         ),
     ]
 }

@@ -285,8 +285,24 @@ fn secrets() {
             "the password was changed on 2024-01-05.",
         ],
     );
-    finds("secret", &["client_secret = \"9fK2mQ7xL1pZ8rT4vB6nW3yH\""]);
-    misses("secret", &["token_count = 1234567890123456"]);
+    finds(
+        "secret",
+        &[
+            "client_secret = \"9fK2mQ7xL1pZ8rT4vB6nW3yH\"",
+            "SMTP_PASS=Zq8vN2kLp4Rt7WxY",
+            "ENCRYPTION_KEY: 3fA9kQ2mZ7xL1pR8tV4bN6wY",
+            "curl -H 'Authorization: Bearer 8f3aK29dLq0ZpX7mN4vR2tY6'",
+            "Authorization: Basic dXNlcjpwYXNzd29yZA==",
+        ],
+    );
+    misses(
+        "secret",
+        &[
+            "token_count = 1234567890123456",
+            "primary_key = user_id_and_timestamp",
+            "use a bearer token in the Authorization header",
+        ],
+    );
 }
 
 #[test]

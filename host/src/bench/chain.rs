@@ -88,14 +88,7 @@ async fn call(node: &Node, at: &Where<'_>, messages: &[Message]) -> anyhow::Resu
     let generation = async {
         match at {
             Where::Local(..) => node.local.generate(job).await,
-            Where::Cloud(cloud) => {
-                let taint = Taint {
-                    request_id: "chain".into(),
-                    may_leave: true,
-                    ..Taint::default()
-                };
-                cloud.generate("sim", job, taint).await
-            }
+            Where::Cloud(cloud) => cloud.generate("sim", job, Taint::may_leave("chain")).await,
         }
     };
     let first = async {

@@ -183,9 +183,9 @@ pub async fn run(config: Config, requests: u32) -> anyhow::Result<()> {
 /// The cloud fetcher called directly (no HTTP into the node): on pooled
 /// instances, against a fresh instance per call as the node did before.
 async fn fetcher_instances(requests: u32) -> anyhow::Result<()> {
-    use crate::bindings::target::{ChatRequest, Message};
+    use crate::bindings::target::Message;
     use crate::targets::cloud::{CloudTarget, POOL_SLOTS};
-    use crate::targets::{Job, Taint};
+    use crate::targets::{Job, Taint, greedy_request};
     let upstream = upstream::start(INSTANT).await?;
     let config = crate::config::UpstreamConfig {
         name: "bench".into(),
@@ -210,27 +210,14 @@ async fn fetcher_instances(requests: u32) -> anyhow::Result<()> {
     };
     let (fresh, pooled) = (target(0)?, target(POOL_SLOTS)?);
     async fn once(cloud: &CloudTarget) -> anyhow::Result<Duration> {
-        let job = Job::new(ChatRequest {
-            model: String::new(),
-            messages: vec![Message {
-                role: "user".into(),
-                content: "What is the weather in Lyon?".into(),
-            }],
-            max_tokens: 1,
-            temperature: 0.0,
-            top_p: 1.0,
-            seed: 0,
-            stream: false,
-            passthrough: None,
-        });
-        let taint = Taint {
-            request_id: "bench".into(),
-            may_leave: true,
-            ..Taint::default()
+        let question = Message {
+            role: "user".into(),
+            content: "What is the weather in Lyon?".into(),
         };
+        let job = Job::new(greedy_request(vec![question], 1));
         let started = Instant::now();
         cloud
-            .generate("bench", job, taint)
+            .generate("bench", job, Taint::may_leave("bench"))
             .await
             .map_err(|e| anyhow::anyhow!("cloud-fetch call failed: {e}"))?;
         Ok(started.elapsed())

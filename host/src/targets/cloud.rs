@@ -79,6 +79,7 @@ struct Pooled {
     slots: Arc<tokio::sync::Semaphore>,
     /// Calls that found every slot taken (logged the first time).
     overflowed: std::sync::atomic::AtomicU64,
+    size: u32,
 }
 
 /// The client request behind a cloud call, as the egress guard sees it:
@@ -97,6 +98,18 @@ pub struct Taint {
     /// Its level may go to a peer of this node's trust zone
     /// (`[guard] zone_levels`), though not to the cloud.
     pub may_stay_in_zone: bool,
+}
+
+impl Taint {
+    /// A request that may leave the node, known only by its id
+    /// (benchmarks and tests).
+    pub fn may_leave(request_id: &str) -> Self {
+        Self {
+            request_id: request_id.into(),
+            may_leave: true,
+            ..Self::default()
+        }
+    }
 }
 
 impl CloudTarget {
@@ -135,6 +148,7 @@ impl CloudTarget {
                 pre,
                 slots: Arc::new(tokio::sync::Semaphore::new(slots as usize)),
                 overflowed: Default::default(),
+                size: slots,
             }),
             Err(error) => {
                 tracing::warn!(error = %format!("{error:#}"), "cloud-fetch cannot run on pooled instances; every call instantiates afresh");
@@ -273,7 +287,7 @@ impl CloudTarget {
                 Err(_) => {
                     if pooled.overflowed.fetch_add(1, Ordering::Relaxed) == 0 {
                         tracing::info!(
-                            slots = pooled.slots.available_permits(),
+                            slots = pooled.size,
                             "more cloud calls at once than pooled instances; the rest instantiate afresh"
                         );
                     }
@@ -344,16 +358,7 @@ mod tests {
     use super::*;
 
     fn request() -> crate::bindings::target::ChatRequest {
-        crate::bindings::target::ChatRequest {
-            model: String::new(),
-            messages: Vec::new(),
-            max_tokens: 1,
-            temperature: 0.0,
-            top_p: 1.0,
-            seed: 0,
-            stream: false,
-            passthrough: None,
-        }
+        crate::targets::greedy_request(Vec::new(), 1)
     }
 
     /// Past the pool's slots a call takes a fresh instance and still gets
@@ -379,14 +384,7 @@ mod tests {
         let timeout = Duration::from_secs(30);
         let cloud = CloudTarget::with_pool(&engine, fetcher, &[config], timeout, None, 1).unwrap();
         assert!(cloud.pooled.is_some(), "the fetcher fits a pool slot");
-        let call = || {
-            let taint = Taint {
-                request_id: "pool".into(),
-                may_leave: true,
-                ..Taint::default()
-            };
-            cloud.generate("slow", Job::new(request()), taint)
-        };
+        let call = || cloud.generate("slow", Job::new(request()), Taint::may_leave("pool"));
         // Each holds its instance for the upstream's 300 ms: one slot, three calls.
         let (a, b, c) = tokio::join!(call(), call(), call());
         for answer in [a, b, c] {
@@ -455,12 +453,11 @@ mod tests {
         let target =
             CloudTarget::new(&engine, &snoop, &[config], Duration::from_secs(30), None).unwrap();
         let job = Job::new(request());
-        let taint = Taint {
-            request_id: "snoop".into(),
-            may_leave: true,
-            ..Taint::default()
-        };
-        let report = target.generate("snooped", job, taint).await.unwrap().text;
+        let report = target
+            .generate("snooped", job, Taint::may_leave("snoop"))
+            .await
+            .unwrap()
+            .text;
         assert!(!report.contains(key), "the guest found the key: {report}");
         assert!(
             report.contains("EDGEROUTE_UPSTREAM_URL=http://127.0.0.1:9/v1"),

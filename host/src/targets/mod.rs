@@ -107,6 +107,24 @@ pub struct Job {
     pub waiting: Option<tokio::sync::oneshot::Receiver<()>>,
 }
 
+/// A greedy, non-streamed request for `messages` with nothing passed
+/// through (benchmarks and tests); a target fills in its model.
+pub fn greedy_request(
+    messages: Vec<crate::bindings::target::Message>,
+    max_tokens: u32,
+) -> ChatRequest {
+    ChatRequest {
+        model: String::new(),
+        messages,
+        max_tokens,
+        temperature: 0.0,
+        top_p: 1.0,
+        seed: 0,
+        stream: false,
+        passthrough: None,
+    }
+}
+
 impl Job {
     /// A job for `request` with nothing streamed, no cache scope and no
     /// prompt tokenized ahead (benchmarks and tests).

@@ -38,3 +38,15 @@ pub mod target {
     pub use self::edgeroute::routing::{completion_types, sink};
     pub use self::exports::edgeroute::routing::generator::{ChatRequest, Completion, TargetError};
 }
+
+/// The `embeds` world: what the local worker exports besides
+/// `generator`. Its error type is the `target` world's.
+pub mod embedding {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "embeds",
+        exports: { default: async },
+        with: { "edgeroute:routing/completion-types": super::target::completion_types },
+    });
+    pub use self::exports::edgeroute::routing::embedder::Embedding;
+}

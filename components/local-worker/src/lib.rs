@@ -1,5 +1,6 @@
 //! The local worker: runs one chat completion on a model the host preloaded,
-//! through wasi:nn.
+//! through wasi:nn; and embeds texts on an encoder the host preloaded
+//! (`embed`).
 //!
 //! It follows the streaming convention documented on the `local-worker` world
 //! in wit/routing.wit: the first `compute` takes `messages` and `metadata`
@@ -7,6 +8,8 @@
 //! one more; outputs are `token`, and at the end `finish` and `metadata`.
 
 use serde::{Deserialize, Serialize};
+
+mod embed;
 
 wit_bindgen::generate!({
     world: "local-worker",

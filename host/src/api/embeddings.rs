@@ -2,8 +2,9 @@
 //! format, so an SDK's `embeddings.create` (and a Spin app's
 //! `llm::generate_embeddings`) work unchanged.
 //!
-//! Embeddings are always computed here: no input is sent anywhere, so a
-//! restricted text is as safe as a public one. `model` is `auto` or the
+//! Embeddings are always computed here, by the local worker component
+//! through wasi-nn: no input is sent anywhere, so a restricted text is as
+//! safe as a public one. `model` is `auto` or the
 //! configured embedding model's name. `input` is a string or a list of
 //! strings; token arrays are refused with a clear error (the node's
 //! tokenizer is the model's own). `encoding_format` `base64` (what the
@@ -12,9 +13,9 @@
 
 use super::error::ApiError;
 use crate::nn::Embedder;
-use crate::nn::embed::TooLong;
 use crate::node::Node;
 use crate::router::request;
+use crate::targets::TargetFailure;
 use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
@@ -74,7 +75,7 @@ pub async fn post(State(node): State<Arc<Node>>, body: Body) -> Result<Json<Valu
         ))
         .param("dimensions"));
     }
-    let embedded = embed(embedder, &req.input).await?;
+    let embedded = embed(&node, embedder, &req.input).await?;
     let data: Vec<Value> = embedded
         .vectors
         .into_iter()
@@ -131,8 +132,13 @@ pub(super) struct Embedded {
     pub tokens: u32,
 }
 
-/// Embed `input` (a string or a list of strings) on the node's encoder.
-pub(super) async fn embed(embedder: Arc<Embedder>, input: &Value) -> Result<Embedded, ApiError> {
+/// Embed `input` (a string or a list of strings) on the node's encoder,
+/// through the local worker and wasi-nn.
+pub(super) async fn embed(
+    node: &Node,
+    embedder: Arc<Embedder>,
+    input: &Value,
+) -> Result<Embedded, ApiError> {
     let inputs = texts(input)?;
     // Each input is at most the model's window; together, at most this many
     // windows' worth of text, so one request cannot hold the model for
@@ -144,22 +150,17 @@ pub(super) async fn embed(embedder: Arc<Embedder>, input: &Value) -> Result<Embe
         ))
         .param("input"));
     }
-    let model = embedder.name.clone();
-    let results = tokio::task::spawn_blocking(move || {
-        inputs
-            .iter()
-            .map(|text| embedder.embed(text, None))
-            .collect::<Result<Vec<_>, _>>()
-    })
-    .await
-    .map_err(|e| ApiError::internal(format!("embedding task failed: {e}")))?
-    .map_err(|e| match e.downcast_ref::<TooLong>() {
-        Some(too_long) => ApiError::bad_request(too_long.to_string()).param("input"),
-        None => ApiError::internal(e.to_string()),
-    })?;
+    let results = node
+        .local
+        .embed(&embedder, inputs, None)
+        .await
+        .map_err(|e| match e {
+            TargetFailure::BadRequest(message) => ApiError::bad_request(message).param("input"),
+            other => ApiError::internal(format!("embedding failed: {other}")),
+        })?;
     let tokens: u32 = results.iter().map(|e| e.tokens).sum();
     Ok(Embedded {
-        model,
+        model: embedder.name.clone(),
         vectors: results.into_iter().map(|e| e.vector).collect(),
         tokens,
     })

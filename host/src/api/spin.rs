@@ -140,7 +140,7 @@ async fn embed(State(node): State<Arc<Node>>, body: Body) -> Result<Json<Value>,
     let body = read_body(&node, body, node.config.limits.max_body_bytes).await?;
     let req: EmbedRequest = parse(&body, "embed")?;
     let embedder = embeddings::embedder_for(&node, &req.model)?;
-    let embedded = embeddings::embed(embedder, &req.input).await?;
+    let embedded = embeddings::embed(&node, embedder, &req.input).await?;
     Ok(Json(json!({
         "embeddings": embedded.vectors,
         "usage": { "promptTokenCount": embedded.tokens },

@@ -1,6 +1,8 @@
-//! The embedding signal's cost: the encoder per prompt size, the route
-//! call of a policy that uses the embedding, and proof that a policy that
-//! did not ask pays nothing (no embedding is computed for it).
+//! The embedding signal's cost: the encoder per prompt size (llama.cpp
+//! called directly, and through the local worker and wasi-nn as the node
+//! calls it), the route call of a policy that uses the embedding, and
+//! proof that a policy that did not ask pays nothing (no embedding is
+//! computed for it).
 
 use super::Spread;
 use crate::node::Node;
@@ -41,36 +43,57 @@ pub async fn run<F: Future<Output = Result<Decided, Failure>>>(
             "nothing"
         },
     );
+    // The node embeds through the local worker and wasi-nn; llama.cpp
+    // called directly is the baseline. Alternating, so both see the same
+    // machine.
     let word = "routing ";
     let mut per_size = Vec::new();
     for tokens in [16u32, 32, 64, 128] {
         // One word is one token here; [CLS] and [SEP] make up the rest.
         let text = word.repeat(tokens as usize - 2);
-        let e = embedder.clone();
-        let timings = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
-            let got = e.embed(&text, None)?;
-            anyhow::ensure!(
-                got.tokens == tokens,
-                "{} tokens, wanted {tokens}",
-                got.tokens
-            );
-            let mut timings = Vec::with_capacity(RUNS);
-            for _ in 0..RUNS {
-                let t = Instant::now();
-                std::hint::black_box(e.embed(&text, None)?);
-                timings.push(t.elapsed());
-            }
-            Ok(timings)
-        })
-        .await??;
-        let spread = Spread::of(timings);
+        let through = node
+            .local
+            .embed(&embedder, vec![text.clone()], None)
+            .await
+            .map_err(|e| anyhow::anyhow!("embedding through the local worker: {e}"))?;
+        let direct = {
+            let (e, text) = (embedder.clone(), text.clone());
+            tokio::task::spawn_blocking(move || e.embed(&text, None)).await??
+        };
+        anyhow::ensure!(
+            direct.tokens == tokens && through[0].tokens == tokens,
+            "{} and {} tokens, wanted {tokens}",
+            direct.tokens,
+            through[0].tokens
+        );
+        // The same weights on the same input: the same vector, bit for bit.
+        anyhow::ensure!(
+            through[0].vector == direct.vector,
+            "the local worker's embedding differs from llama.cpp's"
+        );
+        let (mut direct_times, mut through_times) = (Vec::new(), Vec::new());
+        for _ in 0..RUNS {
+            // Off the async workers, as the node called it before.
+            let (e, t) = (embedder.clone(), text.clone());
+            let started = Instant::now();
+            std::hint::black_box(tokio::task::spawn_blocking(move || e.embed(&t, None)).await??);
+            direct_times.push(started.elapsed());
+            let started = Instant::now();
+            let got = node.local.embed(&embedder, vec![text.clone()], None).await;
+            std::hint::black_box(got.map_err(|e| anyhow::anyhow!("{e}"))?);
+            through_times.push(started.elapsed());
+        }
+        let (direct, through) = (Spread::of(direct_times), Spread::of(through_times));
         per_size.push(format!(
-            "{tokens} tokens p50 {:.1} ms / p99 {:.1} ms",
-            spread.p50 / 1e3,
-            spread.p99 / 1e3
+            "{tokens} tokens p50 {:.1} ms / p99 {:.1} ms (through wasi-nn p50 {:.1} / p99 {:.1} ms, ratio p50 {:.3})",
+            direct.p50 / 1e3,
+            direct.p99 / 1e3,
+            through.p50 / 1e3,
+            through.p99 / 1e3,
+            through.p50 / direct.p50
         ));
     }
-    println!("  encoder: {}", per_size.join("; "));
+    println!("  encoder, llama.cpp direct: {}", per_size.join("; "));
 
     let Some(path) = policy else {
         println!("  (--embedding-policy FILE also times a policy's route call with an embedding)");

@@ -93,6 +93,10 @@ pub struct Options {
     /// Run only the detection benchmark.
     #[arg(long)]
     pub detection_only: bool,
+    /// Only the embedding signal's cost (llama.cpp direct and through the
+    /// local worker, and `--embedding-policy`'s route call).
+    #[arg(long)]
+    pub embedding_only: bool,
     /// Only the policy call and what metrics and the audit log add to a
     /// request.
     #[arg(long)]
@@ -238,7 +242,7 @@ async fn policy_route(
     n: u32,
 ) -> anyhow::Result<(Spread, edgeroute_core::Features)> {
     let signals = Signals::default();
-    let body = serde_json::json!({ "model": "auto", "messages": [{ "role": "user", "content": "Classify: the parcel arrived broken." }], "max_tokens": 16 }).to_string();
+    let body = short_chat();
     let features = router::decide(node, body.as_bytes(), &signals, "bench".into(), 0)
         .await
         .map_err(|e| anyhow::anyhow!("the bench request was refused: {e:?}"))?
@@ -261,6 +265,16 @@ async fn policy_route(
 }
 
 /// p50 and p99 of a set of timings, in microseconds.
+/// The short chat the pipeline's benchmarks decide on.
+fn short_chat() -> String {
+    serde_json::json!({
+        "model": "auto",
+        "messages": [{ "role": "user", "content": "Classify: the parcel arrived broken." }],
+        "max_tokens": 16,
+    })
+    .to_string()
+}
+
 pub(super) struct Spread {
     pub p50: f64,
     pub p99: f64,
@@ -328,6 +342,18 @@ pub async fn run(mut config: Config, options: Options) -> anyhow::Result<()> {
     }
     if options.batching_only {
         return batching::run(&node, &name, options.tokens, threads).await;
+    }
+    if options.embedding_only {
+        let signals = Signals::default();
+        let body = short_chat();
+        let decide = || router::decide(&node, body.as_bytes(), &signals, "bench".into(), 0);
+        return embedding::run(
+            &node,
+            &decide,
+            options.embedding_policy.as_deref(),
+            options.policy_calls,
+        )
+        .await;
     }
     if options.observability_only {
         let (calls, _) = policy_route(&node, options.policy_calls).await?;
@@ -419,11 +445,11 @@ pub async fn run(mut config: Config, options: Options) -> anyhow::Result<()> {
         confidence_us / (1e6 / w_rate) * 100.0
     );
 
+    let signals = Signals::default();
+    let body = short_chat();
+    let decide = || router::decide(&node, body.as_bytes(), &signals, "bench".into(), 0);
     let (calls, features) = policy_route(&node, options.policy_calls).await?;
     observability::run(&node, calls.p99)?;
-    let signals = Signals::default();
-    let body = serde_json::json!({ "model": "auto", "messages": [{ "role": "user", "content": "Classify: the parcel arrived broken." }], "max_tokens": 16 }).to_string();
-    let decide = || router::decide(&node, body.as_bytes(), &signals, "bench".into(), 0);
 
     // Swapping: the time to take a new version live, and what swaps in
     // the background do to the route latency measured above.

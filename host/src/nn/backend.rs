@@ -3,7 +3,10 @@
 //! documented on the `local-worker` world in `wit/routing.wit`: the first
 //! `compute` takes `messages` or `prompt` (+ `metadata`) and prefills; each
 //! `compute` returns one `token`, and `finish` + `metadata` at the end.
+//! An embedding graph (the node's encoder) answers one `compute` per text
+//! with `embedding` and `metadata` (the convention is on the same world).
 
+use super::embed::{Embedder, TooLong};
 use super::engine::Sampling;
 use super::scheduler::{Scheduler, Sequence};
 use super::{CacheScope, Decoding, Meter, Tokenized};
@@ -63,6 +66,14 @@ impl ModelRegistry {
             (scheduler.model().name.clone(), Graph::from(graph))
         });
         Self(graphs.collect())
+    }
+}
+
+impl ModelRegistry {
+    /// Only the node's encoder, for an embedding call.
+    pub fn embedding(embedder: &Arc<Embedder>) -> Self {
+        let graph: Box<dyn BackendGraph> = Box::new(EmbeddingGraph(embedder.clone()));
+        Self(HashMap::from([(embedder.name.clone(), Graph::from(graph))]))
     }
 }
 
@@ -184,13 +195,11 @@ impl LlamaExecution {
 
 impl BackendExecutionContext for LlamaExecution {
     fn set_input(&mut self, _: Id, _: &Tensor) -> Result<(), BackendError> {
-        Err(failure(
-            "the ggml backend takes named inputs through compute",
-        ))
+        Err(by_index())
     }
 
     fn get_output(&mut self, _: Id) -> Result<Tensor, BackendError> {
-        Err(failure("the ggml backend returns outputs from compute"))
+        Err(by_index())
     }
 
     fn compute(
@@ -227,6 +236,84 @@ impl BackendExecutionContext for LlamaExecution {
         }
         Ok(Some(outputs))
     }
+}
+
+/// The node's encoder as a graph. An encoder keeps nothing between texts,
+/// so one execution context embeds any number of them.
+struct EmbeddingGraph(Arc<Embedder>);
+
+impl BackendGraph for EmbeddingGraph {
+    fn init_execution_context(&self) -> Result<ExecutionContext, BackendError> {
+        let ctx: Box<dyn BackendExecutionContext> = Box::new(EmbeddingExecution(self.0.clone()));
+        Ok(ExecutionContext::from(ctx))
+    }
+}
+
+struct EmbeddingExecution(Arc<Embedder>);
+
+/// The `metadata` input of an embedding.
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+struct EmbeddingMetadata {
+    cut_to: Option<u32>,
+}
+
+impl BackendExecutionContext for EmbeddingExecution {
+    fn set_input(&mut self, _: Id, _: &Tensor) -> Result<(), BackendError> {
+        Err(by_index())
+    }
+
+    fn get_output(&mut self, _: Id) -> Result<Tensor, BackendError> {
+        Err(by_index())
+    }
+
+    fn compute(
+        &mut self,
+        inputs: Option<Vec<NamedTensor>>,
+    ) -> Result<Option<Vec<NamedTensor>>, BackendError> {
+        let inputs = inputs.unwrap_or_default();
+        let input = |name: &str| inputs.iter().find(|t| t.name == name);
+        let text = input("text")
+            .ok_or_else(|| failure("an embedding needs a 'text' input"))
+            .and_then(|t| {
+                std::str::from_utf8(&t.tensor.data)
+                    .map_err(|_| failure("input 'text' is not UTF-8"))
+            })?;
+        let metadata: EmbeddingMetadata = match input("metadata") {
+            Some(t) => serde_json::from_slice(&t.tensor.data)
+                .map_err(|e| failure(format!("input 'metadata' is not valid: {e}")))?,
+            None => EmbeddingMetadata::default(),
+        };
+        let (embedding, said) = match self.0.embed(text, metadata.cut_to) {
+            Ok(e) => {
+                let said = serde_json::json!({"tokens": e.tokens, "truncated": e.truncated});
+                (Some(e.vector), said)
+            }
+            // Said in the outputs: the guest's error would carry only a code.
+            Err(e) => match e.downcast_ref::<TooLong>() {
+                Some(t) => (
+                    None,
+                    serde_json::json!({"tokens": t.tokens, "window": t.window}),
+                ),
+                None => return Err(backend_error(e)),
+            },
+        };
+        let mut outputs = vec![bytes_tensor("metadata", said.to_string().into_bytes())];
+        if let Some(vector) = embedding {
+            let dims = vec![1, vector.len() as u32];
+            let data = vector.iter().flat_map(|x| x.to_le_bytes()).collect();
+            outputs.push(NamedTensor {
+                name: "embedding".to_string(),
+                tensor: Tensor::new(dims, TensorType::Fp32, data),
+            });
+        }
+        Ok(Some(outputs))
+    }
+}
+
+/// Tensors travel by name through `compute`; the calls by index are refused.
+fn by_index() -> BackendError {
+    failure("the ggml backend takes named inputs and returns outputs through compute")
 }
 
 fn bytes_tensor(name: &str, data: Vec<u8>) -> NamedTensor {

@@ -11,8 +11,8 @@ use super::request::{Invalid, Prepared};
 use crate::config::GuardConfig;
 use crate::detect::Detector;
 use crate::fleet::{Candidates, Fleet};
-
 use crate::nn::{CacheScope, Embedder, Tokenized};
+use crate::node::Node;
 use crate::targets::cloud::CloudTarget;
 use crate::targets::local::LocalTarget;
 use crate::tenants::{self, Tenant};
@@ -225,7 +225,12 @@ pub fn extract(
 /// policy that needs it. A failure leaves the feature out (the policy sees
 /// none, as on a node without an embedding model) rather than failing a
 /// request over a routing hint.
-pub fn embed_prompt(request: &Prepared, embedder: &Embedder, cut_to: u32) -> Option<Vec<f32>> {
+pub async fn embed_prompt(
+    node: &Node,
+    request: &Prepared,
+    embedder: &Arc<Embedder>,
+    cut_to: u32,
+) -> Option<Vec<f32>> {
     let (_, text) = request
         .messages
         .iter()
@@ -237,8 +242,9 @@ pub fn embed_prompt(request: &Prepared, embedder: &Embedder, cut_to: u32) -> Opt
     while !text.is_char_boundary(end) {
         end -= 1;
     }
-    match embedder.embed(&text[..end], Some(cut_to)) {
-        Ok(e) => Some(e.vector),
+    let texts = vec![text[..end].to_string()];
+    match node.local.embed(embedder, texts, Some(cut_to)).await {
+        Ok(mut embedded) => embedded.pop().map(|e| e.vector),
         Err(error) => {
             tracing::warn!(%error, "prompt embedding failed; the policy gets none");
             None

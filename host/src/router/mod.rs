@@ -182,13 +182,13 @@ pub async fn decide(
     // workers, so a large request cannot stall `/healthz` or other clients.
     // A short one takes tens of microseconds, less than the hand-off to a
     // blocking thread and back: it is done here. The embedding costs
-    // milliseconds: only for a policy that asked, and never inline.
+    // milliseconds: only for a policy that asked, on the local worker.
     let embed = node.policy.current().needs.embedding;
-    let inline = !embed && body.len() <= INLINE_FEATURES_BYTES;
+    let inline = body.len() <= INLINE_FEATURES_BYTES;
     let work = {
         let (node, signals) = (node.clone(), signals.clone());
         move || {
-            let mut extracted = features::extract(
+            let extracted = features::extract(
                 &request,
                 &signals,
                 &features::Sources {
@@ -199,15 +199,6 @@ pub async fn decide(
                     fleet: node.fleet.as_deref(),
                 },
             );
-            if let (true, Ok(extracted), Some(embedder), Some(config)) = (
-                embed,
-                extracted.as_mut(),
-                &node.embedder,
-                &node.config.local.embedding,
-            ) {
-                extracted.features.embedding =
-                    features::embed_prompt(&request, embedder, config.feature_tokens);
-            }
             (request, extracted)
         }
     };
@@ -218,7 +209,13 @@ pub async fn decide(
             Failure::Internal(format!("computing the request's features failed: {e}"))
         })?
     };
-    let extracted = extracted.map_err(Failure::Invalid)?;
+    let mut extracted = extracted.map_err(Failure::Invalid)?;
+    if let (true, Some(embedder), Some(config)) =
+        (embed, &node.embedder, &node.config.local.embedding)
+    {
+        extracted.features.embedding =
+            features::embed_prompt(node, &request, embedder, config.feature_tokens).await;
+    }
     timing.mark("features");
     let asked = Instant::now();
     let (policy, decision) = node.policy.route(&extracted.features).await;

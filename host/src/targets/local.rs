@@ -2,25 +2,30 @@
 //! on models the node preloaded, each with its batch scheduler. Admission
 //! is bounded: a full queue is an immediate, explicit refusal rather than
 //! unbounded waiting; up to `max_concurrent` generations share the batch.
+//! The same component embeds texts on the node's encoder (`embed`).
 
 use super::{Job, TargetFailure, TargetResult, trapped};
+use crate::bindings::embedding::{Embedding, EmbedsPre};
 use crate::bindings::target::TargetPre;
-use crate::nn::{self, BatchLoad, BatchParams, CacheScope, LoadedModel, ModelRegistry, Scheduler};
+use crate::nn::{
+    self, BatchLoad, BatchParams, CacheScope, Embedder, LoadedModel, ModelRegistry, Scheduler,
+};
+use crate::runtime::Sink;
 use crate::runtime::roles::local_worker::{self, LocalState};
 use crate::runtime::roles::{self, Role};
-use crate::runtime::{self, NO_DEADLINE, Sink};
 use edgeroute_core::estimate::{ALPHA, Ewma, queue_wait_ms};
 use edgeroute_core::{Estimate, Features};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tokio::sync::Semaphore;
-use wasmtime::component::ResourceTable;
-use wasmtime::{Engine, Store};
+use wasmtime::Engine;
 
 pub struct LocalTarget {
     engine: Engine,
     pre: TargetPre<LocalState>,
+    /// The same component, for its `embedder` export.
+    embedder_pre: EmbedsPre<LocalState>,
     models: BTreeMap<String, Arc<Scheduler>>,
     max_queue: u32,
     max_concurrent: u32,
@@ -41,7 +46,9 @@ impl LocalTarget {
         batch: BatchParams,
     ) -> anyhow::Result<Self> {
         let component = roles::compile(engine, worker, Role::LocalWorker, "local worker")?;
-        let pre = TargetPre::new(local_worker::linker(engine)?.instantiate_pre(&component)?)?;
+        let instance_pre = local_worker::linker(engine)?.instantiate_pre(&component)?;
+        let pre = TargetPre::new(instance_pre.clone())?;
+        let embedder_pre = EmbedsPre::new(instance_pre)?;
         let max_concurrent = batch.width;
         let models = models
             .into_iter()
@@ -55,6 +62,7 @@ impl LocalTarget {
         Ok(Self {
             engine: engine.clone(),
             pre,
+            embedder_pre,
             models,
             max_queue,
             max_concurrent,
@@ -178,19 +186,14 @@ impl LocalTarget {
         // the async workers that serve other requests.
         let result = tokio::task::spawn_blocking(move || {
             handle.block_on(async move {
-                let mut store = Store::new(
+                let mut store = LocalState::store(
                     &engine,
-                    LocalState {
-                        wasi: runtime::wasi(&[]),
-                        table: ResourceTable::new(),
-                        nn,
-                        sink: Sink {
-                            tx: job.stream,
-                            waiting: job.waiting,
-                        },
+                    nn,
+                    Sink {
+                        tx: job.stream,
+                        waiting: job.waiting,
                     },
                 );
-                store.set_epoch_deadline(NO_DEADLINE);
                 let target = pre.instantiate_async(&mut store).await.map_err(trapped)?;
                 target
                     .edgeroute_routing_generator()
@@ -208,6 +211,44 @@ impl LocalTarget {
             .unwrap_or_else(|p| p.into_inner())
             .add(held);
         result?
+    }
+}
+
+impl LocalTarget {
+    /// Embed `texts` on the node's encoder through the local worker and
+    /// wasi-nn, in one instance. `cut_to`: see the `embedder` interface (a
+    /// text too long without it is a `BadRequest`). Not admitted through
+    /// the generation queue: the encoder has its own context and lock.
+    pub async fn embed(
+        &self,
+        embedder: &Arc<Embedder>,
+        texts: Vec<String>,
+        cut_to: Option<u32>,
+    ) -> Result<Vec<Embedding>, TargetFailure> {
+        let engine = self.engine.clone();
+        let pre = self.embedder_pre.clone();
+        let nn = nn::context(ModelRegistry::embedding(embedder));
+        let model = embedder.name.clone();
+        let handle = tokio::runtime::Handle::current();
+        // The encoder blocks its thread for milliseconds per text.
+        tokio::task::spawn_blocking(move || {
+            handle.block_on(async move {
+                let sink = Sink {
+                    tx: None,
+                    waiting: None,
+                };
+                let mut store = LocalState::store(&engine, nn, sink);
+                let worker = pre.instantiate_async(&mut store).await.map_err(trapped)?;
+                worker
+                    .edgeroute_routing_embedder()
+                    .call_embed(&mut store, &model, &texts, cut_to)
+                    .await
+                    .map_err(trapped)?
+                    .map_err(TargetFailure::from)
+            })
+        })
+        .await
+        .map_err(|e| TargetFailure::Internal(format!("embedding panicked: {e}")))?
     }
 }
 

@@ -4,8 +4,8 @@
 
 use crate::bindings::target::Target;
 use crate::runtime::{Sink, SinkData};
-use wasmtime::Engine;
 use wasmtime::component::{Linker, ResourceTable};
+use wasmtime::{Engine, Store};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_nn::wit::{WasiNnCtx, WasiNnView};
 
@@ -26,6 +26,24 @@ pub struct LocalState {
     pub table: ResourceTable,
     pub nn: WasiNnCtx,
     pub sink: Sink,
+}
+
+impl LocalState {
+    /// A store for one call: no deadline (a generation runs as long as its
+    /// tokens take; cancellation comes through the sink).
+    pub fn store(engine: &Engine, nn: WasiNnCtx, sink: Sink) -> Store<Self> {
+        let mut store = Store::new(
+            engine,
+            Self {
+                wasi: crate::runtime::wasi(&[]),
+                table: ResourceTable::new(),
+                nn,
+                sink,
+            },
+        );
+        store.set_epoch_deadline(crate::runtime::NO_DEADLINE);
+        store
+    }
 }
 
 impl WasiView for LocalState {

@@ -33,7 +33,13 @@ fn level(body: &Map<String, Value>, headers: &[Option<String>]) -> Option<Sensit
     rest.remove("metadata");
     let mut set = SensitivitySet::new();
     collect::declared(&mut set, headers, &metadata);
-    collect::detected(&mut set, &DETECTOR, &messages, &metadata, &rest);
+    collect::detected(
+        &mut set,
+        &DETECTOR,
+        messages.iter().map(|(_, t)| t.as_str()),
+        &metadata,
+        &rest,
+    );
     Some(set.level())
 }
 

@@ -45,6 +45,7 @@ pub fn read(
         body.insert("metadata".into(), Value::Object(metadata.clone()));
     }
     let messages = prepared.messages;
+    let tools_described_at = prepared.tools_described_at;
     let mut rest = body.clone();
     rest.remove("metadata");
     timing.mark("parse");
@@ -76,7 +77,8 @@ pub fn read(
             })?;
             &own
         };
-        collect::detected(&mut sensitivity, detector, &messages, &metadata, &rest);
+        let texts = edgeroute_request::client_texts(&messages, tools_described_at);
+        collect::detected(&mut sensitivity, detector, texts, &metadata, &rest);
         timing.mark("detect");
     }
     let level = sensitivity.level();

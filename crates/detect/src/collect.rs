@@ -38,15 +38,16 @@ pub fn declared(
 }
 
 /// Adds what detection finds, each kind as restricted. `messages` are the
-/// (role, text) pairs, `metadata` the body's `metadata`, `rest` the body
+/// messages' texts as the client wrote them (`Prepared::client_texts`),
+/// `metadata` the body's `metadata`, `rest` the body
 /// less `metadata`: an upstream receives the client's body as sent, so
 /// tool arguments and results, names and unknown fields are judged too,
 /// and so is the metadata's text (a client may put a customer's email in
 /// `metadata.user`).
-pub fn detected(
+pub fn detected<'a>(
     set: &mut SensitivitySet,
     detector: &Detector,
-    messages: &[(String, String)],
+    messages: impl IntoIterator<Item = &'a str>,
     metadata: &Map<String, Value>,
     rest: &Map<String, Value>,
 ) {
@@ -64,8 +65,9 @@ pub fn detected(
         }
     }
     let texts = messages
-        .iter()
-        .map(|(_, text)| text.as_str())
+        .into_iter()
+        // Down to the lifetime of the strings found here.
+        .map(|text| -> &str { text })
         .chain(metadata.values().filter_map(|v| v.as_str()))
         .chain(others.iter().map(|s| s.as_ref()));
     for kind in detector.scan(texts) {
@@ -111,32 +113,14 @@ mod tests {
                 "tool_calls":[{"function":{"name":"pay","arguments":"{\"card\":\"4111 1111 1111 1111\"}"}}]}]}"#,
         );
         let mut set = SensitivitySet::new();
-        detected(
-            &mut set,
-            &detector,
-            &[("user".into(), "hello".into())],
-            &Map::new(),
-            &rest,
-        );
+        detected(&mut set, &detector, ["hello"], &Map::new(), &rest);
         assert_eq!(set.level(), Sensitivity::Restricted);
         let mut set = SensitivitySet::new();
         let metadata = object(r#"{"user":"jane.doe@example.com"}"#);
-        detected(
-            &mut set,
-            &detector,
-            &[("user".into(), "hi".into())],
-            &metadata,
-            &Map::new(),
-        );
+        detected(&mut set, &detector, ["hi"], &metadata, &Map::new());
         assert_eq!(set.detected().collect::<Vec<_>>(), vec!["email"]);
         let mut set = SensitivitySet::new();
-        detected(
-            &mut set,
-            &detector,
-            &[("user".into(), "hi".into())],
-            &Map::new(),
-            &Map::new(),
-        );
+        detected(&mut set, &detector, ["hi"], &Map::new(), &Map::new());
         assert_eq!(set.level(), Sensitivity::Public);
     }
 }

@@ -207,21 +207,29 @@ fn split_numbers(texts: &[String], joined: &str) -> Vec<&'static str> {
 /// boundary, and that character is also the start boundary of the next
 /// value ("passport 125230735").
 fn matches(rule: &Rule, text: &str) -> bool {
-    let mut at = 0;
+    // Most rules match nothing in most texts: a plain search says so
+    // without the capture slots a search for groups allocates.
+    let Some(first) = rule.pattern.find(text) else {
+        return false;
+    };
+    let mut slots = rule.pattern.capture_locations();
+    let mut at = first.start();
     for _ in 0..MAX_CANDIDATES {
         if at > text.len() {
             return false;
         }
-        let Some(c) = rule.pattern.captures_at(text, at) else {
+        let Some(whole) = rule.pattern.captures_read_at(&mut slots, text, at) else {
             return false;
         };
-        let whole = c.get(0).expect("group 0");
-        let value = c.get(1).unwrap_or(whole);
-        if rule.check.is_none_or(|check| check(value.as_str()))
+        // The value is group 1 where the rule has one, else the match.
+        let value = slots.get(1).unwrap_or((whole.start(), whole.end()));
+        if rule
+            .check
+            .is_none_or(|check| check(&text[value.0..value.1]))
             && rule
                 .context
                 .as_ref()
-                .is_none_or(|words| words.is_match(before(text, value.start())))
+                .is_none_or(|words| words.is_match(before(text, value.0)))
         {
             return true;
         }
@@ -229,11 +237,7 @@ fn matches(rule: &Rule, text: &str) -> bool {
         // so a value inside a longer false candidate is still seen ("ID
         // DE577834810": the candidate "ID DE5778…" fails, "DE5778…" is
         // next). Patterns are bounded, so this stays linear in practice.
-        at = value.start()
-            + text[value.start()..]
-                .chars()
-                .next()
-                .map_or(1, char::len_utf8);
+        at = value.0 + text[value.0..].chars().next().map_or(1, char::len_utf8);
     }
     // So many look-alikes that checking them all would cost too much:
     // treated as found, since a miss could let data out.

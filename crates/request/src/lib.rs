@@ -94,11 +94,39 @@ pub struct Prepared {
     /// The tools the local model may call (`router::tools`); their
     /// description is already in `messages`.
     pub tools: Option<Offered>,
+    /// Where that description begins in the first message's text: from
+    /// there on it is the node's writing, not the client's (see
+    /// [`Prepared::client_texts`]).
+    pub tools_described_at: Option<usize>,
     /// `stop` and `response_format`, as the local model follows them.
     pub decoding: Decoding,
 }
 
 /// Parse JSON refusing duplicate keys anywhere (`edgeroute_detect::body`).
+impl Prepared {
+    /// The messages' text as the client wrote it: without the node's
+    /// description of the offered tools, whose every string is the
+    /// client's `tools` (in `passthrough`) wrapped in the node's own
+    /// template. Detection reads this, and `passthrough` besides.
+    pub fn client_texts(&self) -> impl Iterator<Item = &str> {
+        client_texts(&self.messages, self.tools_described_at)
+    }
+}
+
+/// [`Prepared::client_texts`] of messages taken out of their `Prepared`.
+pub fn client_texts(
+    messages: &[(String, String)],
+    tools_described_at: Option<usize>,
+) -> impl Iterator<Item = &str> {
+    messages
+        .iter()
+        .enumerate()
+        .map(move |(i, (_, text))| match tools_described_at {
+            Some(at) if i == 0 => &text[..at],
+            _ => text.as_str(),
+        })
+}
+
 pub fn strict_json(body: &[u8]) -> Result<Value, Invalid> {
     edgeroute_detect::body::strict_json(body).map_err(|e| Invalid::request(e.to_string()))
 }
@@ -217,9 +245,9 @@ pub fn parse(
     if messages.iter().all(|(_, text)| text.trim().is_empty()) {
         return Err(Invalid::request("every message is empty").param("messages"));
     }
-    if let Some(offered) = &tools {
-        tools::describe(&mut messages, offered);
-    }
+    let tools_described_at = tools
+        .as_ref()
+        .map(|offered| tools::describe(&mut messages, offered));
     if let Some(n) = request.n
         && n != 1
     {
@@ -256,6 +284,7 @@ pub fn parse(
         passthrough,
         needs_cloud,
         tools,
+        tools_described_at,
         decoding: Decoding { stop, grammar },
     })
 }

@@ -235,15 +235,21 @@ impl Offered {
 }
 
 /// Add the tools' description to the conversation: appended to its first
-/// system message, or as a new first one.
-pub fn describe(messages: &mut Vec<(String, String)>, offered: &Offered) {
+/// system message, or as a new first one. Returns where the node's text
+/// begins in the first message (0: the whole message is the node's).
+pub fn describe(messages: &mut Vec<(String, String)>, offered: &Offered) -> usize {
     let section = offered.prompt();
     match messages.first_mut() {
         Some((role, text)) if role == "system" => {
+            let client = text.len();
             text.push_str("\n\n");
             text.push_str(&section);
+            client
         }
-        _ => messages.insert(0, ("system".to_string(), section)),
+        _ => {
+            messages.insert(0, ("system".to_string(), section));
+            0
+        }
     }
 }
 
@@ -621,8 +627,16 @@ mod tests {
             ("user", "<tool_response>\n4 degrees\n</tool_response>")
         );
         let mut messages = vec![("user".to_string(), "hi".to_string())];
-        describe(&mut messages, &offered(weather(None)));
+        assert_eq!(describe(&mut messages, &offered(weather(None))), 0);
         assert_eq!(messages[0].0, "system");
         assert!(messages[0].1.contains("\"name\":\"get_weather\""));
+        // Appended to the client's system message: the client's text ends
+        // where the node's begins.
+        let mut messages = vec![("system".to_string(), "be brief".to_string())];
+        let at = describe(&mut messages, &offered(weather(None)));
+        assert_eq!(&messages[0].1[..at], "be brief");
+        assert!(messages[0].1[at..].contains("<tools>"));
+        let texts: Vec<&str> = crate::client_texts(&messages, Some(at)).collect();
+        assert_eq!(texts, ["be brief"]);
     }
 }

@@ -70,7 +70,7 @@ pub fn collect_sensitivity(
         edgeroute_detect::collect::detected(
             &mut set,
             detector,
-            &request.messages,
+            request.client_texts(),
             &request.metadata,
             &request.passthrough,
         );
@@ -304,6 +304,40 @@ mod tests {
                 .unwrap();
         let set = collect_sensitivity(&request, &Signals::default(), &guard, &detector);
         assert_eq!(set.level(), Sensitivity::Public, "{:?}", set.sources());
+    }
+
+    #[test]
+    fn what_a_tool_offers_is_judged_though_the_nodes_description_of_it_is_not() {
+        // The node's description of the tools repeats them in its own
+        // words; detection skips that and reads the client's `tools`.
+        let guard = GuardConfig::default();
+        let detector = crate::detect::detector(&guard).unwrap();
+        let with_tool = |description: &str, system: bool| {
+            let system = if system {
+                r#"{"role":"system","content":"be brief"},"#
+            } else {
+                ""
+            };
+            let body = format!(
+                r#"{{"model":"auto","messages":[{system}{{"role":"user","content":"hi"}}],
+                "tools":[{{"type":"function","function":{{"name":"pay","description":"{description}","parameters":{{"type":"object"}}}}}}]}}"#
+            );
+            let request =
+                super::super::request::parse(body.as_bytes(), &Limits::default(), "t".into(), 0)
+                    .unwrap();
+            assert!(request.messages[0].1.contains(description));
+            assert!(
+                request.client_texts().all(|text| !text.contains("<tools>")),
+                "the node's description is not the client's text"
+            );
+            collect_sensitivity(&request, &Signals::default(), &guard, &detector)
+        };
+        for system in [false, true] {
+            let set = with_tool("Charge card 4111 1111 1111 1111.", system);
+            assert_eq!(set.level(), Sensitivity::Restricted, "{:?}", set.sources());
+            let set = with_tool("Pay an invoice.", system);
+            assert_eq!(set.level(), Sensitivity::Public, "{:?}", set.sources());
+        }
     }
 
     #[test]

@@ -98,6 +98,7 @@ impl Detector {
                 pattern,
                 check: None,
                 context: None,
+                unless: None,
             });
         }
         let allow = settings
@@ -230,6 +231,10 @@ fn matches(rule: &Rule, text: &str) -> bool {
                 .context
                 .as_ref()
                 .is_none_or(|words| words.is_match(before(text, value.0)))
+            && rule
+                .unless
+                .as_ref()
+                .is_none_or(|words| !words.is_match(before(text, value.0)))
         {
             return true;
         }

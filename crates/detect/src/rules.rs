@@ -25,6 +25,8 @@ pub struct Rule {
     pub check: Option<fn(&str) -> bool>,
     /// Must match within [`CONTEXT_CHARS`] before the value.
     pub context: Option<Regex>,
+    /// Must not match there: words that make the value something else.
+    pub unless: Option<Regex>,
 }
 
 /// How far before a value its context words may be.
@@ -47,6 +49,7 @@ fn rule(kind: &'static str, pattern: &str, check: Option<fn(&str) -> bool>) -> R
         pattern: Regex::new(&ascii(pattern)).unwrap_or_else(|e| panic!("rule {kind}: {e}")),
         check,
         context: None,
+        unless: None,
     }
 }
 
@@ -61,6 +64,11 @@ fn ascii(pattern: &str) -> String {
 
 fn with_context(mut r: Rule, words: &str) -> Rule {
     r.context = Some(Regex::new(&format!("(?i)(?:{words})")).expect("context words"));
+    r
+}
+
+fn unless(mut r: Rule, words: &str) -> Rule {
+    r.unless = Some(Regex::new(&ascii(&format!("(?i)(?:{words})"))).expect("unless words"));
     r
 }
 
@@ -242,10 +250,15 @@ pub fn builtin() -> Vec<Rule> {
             ),
             r"born|birth|dob|d\.o\.b|birthday|geboren|geburt|geb\.|né le|née le|naissance|nacimiento|nació|nato il|nata il|nascita|nascimento|nascido|nascida|geboorte|född|urodzon|urodzenia|doğum|рожден|родил|जन्म|ngày sinh|tanggal lahir|تاريخ الميلاد|出生|生日|生于|生年月日|생년월일|생일|출생",
         ),
-        rule(
-            "ip-address",
-            r"(?:^|[^0-9A-Za-z.])(\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3})(?:[^0-9A-Za-z.]|\.(?:\s|$)|$)",
-            Some(v::ipv4),
+        // Not right after a word that makes it a version ("firmware
+        // 2.4.1.7", "version 1.0.0.12").
+        unless(
+            rule(
+                "ip-address",
+                r"(?:^|[^0-9A-Za-z.])(\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3})(?:[^0-9A-Za-z.]|\.(?:\s|$)|$)",
+                Some(v::ipv4),
+            ),
+            r"\b(?:version|ver\.?|firmware|build|release|kernel|patch|versión|versão|versione|固件|版本)\s{0,3}[:#]?\s{0,3}$",
         ),
         rule(
             "ip-address",
@@ -309,10 +322,13 @@ pub fn builtin() -> Vec<Rule> {
             r"(?i)\b[a-z][a-z0-9+.\-]{0,32}://[^\s:/@]{1,256}:([^\s@/]{3,256})@",
             Some(not_placeholder),
         ),
+        // Assigned: "password: S3cret!", "PWD=…". The next word on the
+        // line, if any, comes along for the check: "Password: must be 12
+        // characters" is a rule about passwords, not one.
         rule(
             "password",
-            r#"(?i)(?:password|passwd|pwd|passwort|kennwort|mot de passe|contraseña|密码|口令)\s*["']?\s*[=:：]\s*["']?([^\s"',;]{4,256})"#,
-            Some(not_placeholder),
+            r#"(?i)(?:password|passwd|pwd|passwort|kennwort|mot de passe|contraseña|senha|密码|口令)\s*["']?\s*[=:：]\s*["']?([^\s"',;]{4,256}(?:[ \t]+[^\s"',;]{1,64})?)"#,
+            Some(assigned_password),
         ),
         // Said rather than assigned: "my password is hunter2", "le mot de
         // passe est Soleil42", "パスワードは abc123!". Only a value with a
@@ -373,14 +389,53 @@ fn not_a_date(s: &str) -> bool {
 
 /// A password someone wrote out in a sentence: not a placeholder, starting
 /// like a word or number, with a digit or a symbol in it (so "is
-/// incorrect", "(at least 12 characters)" and "reset" are not).
+/// incorrect", "(at least 12 characters)" and "reset" are not), and not
+/// one hyphenated word ("is case-sensitive"; a passphrase of more words,
+/// "correct-horse-battery-staple", still counts).
 fn said_password(s: &str) -> bool {
     let s = s.trim_end_matches(['.', '!', '?', ')']);
     s.chars().count() >= 4
         && s.chars().next().is_some_and(char::is_alphanumeric)
         && s.chars()
             .any(|c| c.is_ascii_digit() || c.is_ascii_punctuation())
+        && !compound_word(s)
+        && !length_range(s)
         && not_placeholder(s)
+}
+
+/// The value of "password: VALUE [next word]" is a password unless it
+/// reads as a sentence about passwords: a plain word with more words after
+/// it ("must be", "mindestens 8", "rotate on"), a length range ("8-64
+/// characters"), a YAML tag ("!vault"), a path (`pwd: /home/…`, the shell's
+/// working directory), or a placeholder.
+fn assigned_password(s: &str) -> bool {
+    let (value, next) = match s.split_once([' ', '\t']) {
+        Some((value, next)) => (value, Some(next.trim())),
+        None => (s, None),
+    };
+    let word = value.trim_end_matches(['.', ':', '!', '?', ')']);
+    let plain_word = !word.is_empty() && word.chars().all(char::is_alphabetic);
+    let sentence = plain_word && next.is_some_and(|n| !n.is_empty());
+    let not_a_value = sentence || length_range(word) || value.starts_with(['!', '/', '~', '(']);
+    !not_a_value && value.chars().count() >= 4 && not_placeholder(value)
+}
+
+/// A length rule's range ("8-64" characters).
+fn length_range(s: &str) -> bool {
+    s.split_once(['-', '–']).is_some_and(|(a, b)| {
+        [a, b]
+            .iter()
+            .all(|n| (1..=3).contains(&n.len()) && n.bytes().all(|c| c.is_ascii_digit()))
+    })
+}
+
+/// Two words joined by one hyphen ("case-sensitive", "well-known").
+fn compound_word(s: &str) -> bool {
+    s.split_once('-').is_some_and(|(a, b)| {
+        [a, b]
+            .iter()
+            .all(|w| !w.is_empty() && w.chars().all(char::is_alphabetic))
+    })
 }
 
 /// "password: ****", "password = <your password>" and "password: string"
@@ -401,6 +456,13 @@ fn not_placeholder(s: &str) -> bool {
             "changeme",
             "example",
             "required",
+            "optional",
+            "hidden",
+            "masked",
+            "redacted",
+            "empty",
+            "blank",
+            "unset",
         ]
         .contains(&lower.as_str()))
 }

@@ -211,9 +211,21 @@ fn addresses_dates_and_network() {
     misses("date-of-birth", &["the meeting on 1976-07-04"]);
     finds(
         "ip-address",
-        &["server at 192.168.1.20", "fe80::1ff:fe23:4567:890a"],
+        &[
+            "server at 192.168.1.20",
+            "fe80::1ff:fe23:4567:890a",
+            "the build server is 10.20.30.40",
+        ],
     );
-    misses("ip-address", &["version 1.2.3", "pi is 3.14159"]);
+    misses(
+        "ip-address",
+        &[
+            "version 1.2.3",
+            "pi is 3.14159",
+            "Firmware 2.4.1.7 fixes it",
+            "upgrade to version: 1.0.0.12",
+        ],
+    );
     finds("mac-address", &["mac 00:1A:2B:3C:4D:5E"]);
 }
 
@@ -283,6 +295,22 @@ fn secrets() {
             "a password reset link, valid 24 hours",
             "password123 is a weak example of a password",
             "the password was changed on 2024-01-05.",
+            "Password: must be at least 12 characters",
+            "Passwort: mindestens 8 Zeichen",
+            "Password: 8-64 characters, no spaces",
+            "password: !vault |",
+            "pwd: /home/alice/projects",
+            "The password is case-sensitive, right?",
+            "what does 'password: hidden' mean?",
+        ],
+    );
+    finds(
+        "password",
+        &[
+            "password: sunshine",
+            "Password: sunshine\nUser: bob",
+            "password: hunter2 please change it",
+            "my passphrase is correct-horse-battery-staple",
         ],
     );
     finds(
@@ -319,6 +347,19 @@ fn confidential_prose() {
         &[
             "What are the symptoms of flu?",
             "Explain confidential computing.",
+            "Should I mark this newsletter as 'confidential'?",
+            "Translate « confidentiel » for the glossary.",
+            "the difference between confidential, secret and top secret",
+            "Who directed L.A. Confidential?",
+            "This email may contain confidential information.",
+        ],
+    );
+    finds(
+        CONFIDENTIAL,
+        &[
+            "Confidential: the board approved the merger.",
+            "Keep this confidential until Friday.",
+            "'CONFIDENTIAL' Q3 plan attached: do not forward",
         ],
     );
 }
@@ -373,6 +414,16 @@ fn operator_patterns_and_allow_lists() {
     assert!(Detector::new(&bad).is_err());
 }
 
+/// The built-in rules scored on a set shipped in `tests/detection/`.
+fn evaluate_shipped(file: &str) -> eval::Report {
+    let path = format!(
+        "{}/../../tests/detection/{file}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    eval::evaluate(&detector(), &text).unwrap()
+}
+
 /// The shipped evaluation set (`tests/detection/`), held to the issue's
 /// bars: recall ≥ 0.97 for identifiers and secrets, ≥ 0.80 for
 /// confidential prose, ≤ 5 % false positives on clean prompts. The rules
@@ -380,12 +431,7 @@ fn operator_patterns_and_allow_lists() {
 /// not an unbiased estimate (README).
 #[test]
 fn the_evaluation_set_meets_its_bars() {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../tests/detection/eval.jsonl"
-    );
-    let text = std::fs::read_to_string(path).expect("tests/detection/eval.jsonl");
-    let report = eval::evaluate(&detector(), &text).unwrap();
+    let report = evaluate_shipped("eval.jsonl");
     assert!(report.sensitive > 300 && report.clean > 100, "{report:?}");
     let (mut n, mut found) = (0, 0);
     for (kind, (k, f)) in &report.by_kind {
@@ -404,6 +450,20 @@ fn the_evaluation_set_meets_its_bars() {
         "confidential {f}/{k}: {report:?}"
     );
     assert!(report.false_positive_rate() <= 0.05, "{report:?}");
+}
+
+/// Prompts about passwords, confidentiality markings, versions, keys and
+/// accounts that hold none of them (`tests/detection/topics.jsonl`,
+/// written by hand; 17 of its 36 clean prompts were flagged before the
+/// rules learnt to read them), and a few that do.
+#[test]
+fn topics_are_not_secrets() {
+    let report = evaluate_shipped("topics.jsonl");
+    assert!(report.clean >= 36 && report.sensitive >= 8, "{report:?}");
+    assert!(report.false_positive_rate() <= 0.05, "{report:?}");
+    for (kind, (n, found)) in &report.by_kind {
+        assert_eq!(found, n, "{kind}: {report:?}");
+    }
 }
 
 #[test]

@@ -291,6 +291,56 @@ fn the_cascade_escalates_unsure_public_answers_and_keeps_restricted_ones() {
     assert_eq!(cloud.chat_requests().len(), before, "{}", cloud.describe());
 }
 
+/// `x-edgeroute-judge` (a Spin gateway's streamed cascade): the node
+/// judges its local answer's first tokens and declines below the asked
+/// confidence with a 409 `low_confidence` and the confidence header,
+/// sending nothing anywhere; at or above it, the answer streams.
+#[test]
+fn a_caller_that_escalates_itself_gets_a_declined_answer_below_its_bar() {
+    let cloud = FakeCloud::start();
+    let node = EDGEROUTE.node(&cloud).start();
+    let local = format!("local:{LOCAL_MODEL}");
+    let prompt = "Write one sentence about the sea.";
+    for stream in [true, false] {
+        let canary = unique("judge-declined");
+        let mut body = chat(&format!("{prompt} {canary}"), 16);
+        body["model"] = json!(LOCAL_MODEL);
+        body["stream"] = json!(stream);
+        let resp = node.post_chat(body, &[("x-edgeroute-judge", "1")]);
+        assert_eq!(resp.status, 409, "{resp:?}");
+        assert_eq!(resp.json()["error"]["code"], "low_confidence", "{resp:?}");
+        let confidence: f32 = resp
+            .header("x-edgeroute-confidence")
+            .and_then(|c| c.parse().ok())
+            .expect("the confidence it was judged by");
+        assert!(confidence > 0.0 && confidence < 1.0, "{resp:?}");
+        assert_eq!(resp.target(), Some(local.as_str()), "{resp:?}");
+        assert!(
+            resp.reason().is_some_and(|r| r.contains("declined")),
+            "{resp:?}"
+        );
+        cloud.assert_received(&canary, 0);
+    }
+    // A bar the answer clears: it streams, token by token.
+    let mut body = chat(&format!("{prompt} {}", unique("judge-kept")), 16);
+    body["model"] = json!(LOCAL_MODEL);
+    body["stream"] = json!(true);
+    let resp = node.post_chat(body, &[("x-edgeroute-judge", "0.0001")]);
+    assert_eq!(resp.status, 200, "{resp:?}");
+    let stream = resp.stream();
+    assert!(stream.content_chunks > 1 && stream.done_last, "{resp:?}");
+    // Not a confidence: a clear 400, and the node serves on.
+    for bad in ["0", "1.5", "high"] {
+        let resp = node.post_chat(chat(prompt, 4), &[("x-edgeroute-judge", bad)]);
+        assert_eq!(resp.status, 400, "{bad}: {resp:?}");
+        assert!(
+            resp.body_text.contains("x-edgeroute-judge"),
+            "{bad}: {resp:?}"
+        );
+    }
+    assert!(cloud.chat_requests().is_empty(), "{}", cloud.describe());
+}
+
 #[test]
 fn a_confident_answer_stays_local_and_streams_whole() {
     let cloud = FakeCloud::start();

@@ -458,7 +458,8 @@ fn the_spin_gateway_places_requests_with_the_nodes_policy_file_and_guard() {
         "{answer:?}"
     );
     cloud.assert_received(&canary, 1);
-    // Streamed: judged on the whole local answer, then the cloud's stream.
+    // Streamed: judged on the node's first tokens (it declines below the
+    // bar), then the cloud's stream.
     let canary = unique("gateway-cascade-stream");
     let mut streamed = ask(&format!("Name a colour. {canary}"));
     streamed["stream"] = json!(true);
@@ -537,12 +538,15 @@ fn the_spin_gateway_places_requests_with_the_nodes_policy_file_and_guard() {
     drop(app);
 
     // A bar every answer clears (0 would turn the cascade off): a public
-    // streamed request is judged on the whole local answer, which is kept
-    // and sent as events: the same greedy text as unstreamed, its
-    // confidence, finish reason and usage.
+    // streamed request is judged on the node's first tokens and kept: it
+    // streams from the node token by token (not one piece after the whole
+    // answer), the same greedy text as unstreamed, with its confidence,
+    // finish reason and usage.
     let app = launch(&[cascade_everywhere("0.001")]);
     let canary = unique("gateway-cascade-kept");
     let mut body = ask(&format!("Name a colour. {canary}"));
+    // Longer than the node holds back to judge (16 tokens).
+    body["max_tokens"] = json!(40);
     let whole = chat(&app, &body, &[]);
     assert_eq!(whole.target(), Some("local:smollm2"), "{whole:?}");
     body["stream"] = json!(true);
@@ -561,6 +565,7 @@ fn the_spin_gateway_places_requests_with_the_nodes_policy_file_and_guard() {
     );
     let stream = events.stream();
     assert_eq!(Some(stream.text.clone()), whole.content(), "{events:?}");
+    assert!(stream.content_chunks > 1, "{events:?}");
     assert!(stream.done_last && stream.errors.is_empty(), "{events:?}");
     assert!(stream.finish_reason.is_some(), "{events:?}");
     assert_eq!(

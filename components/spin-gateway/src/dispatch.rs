@@ -3,7 +3,7 @@
 //! spin.toml's `allowed_outbound_hosts` limits to exactly the node and the
 //! configured upstream: Spin refuses any other host before a byte leaves.
 
-use crate::reply::{self, Reply, SENSITIVITY_HEADER};
+use crate::reply::{self, JUDGE_HEADER, Reply, SENSITIVITY_HEADER};
 use crate::request::Chat;
 use crate::settings::Settings;
 use spin_sdk::http::{Response, StatusCode};
@@ -13,7 +13,20 @@ use spin_sdk::wasip3::http::types::ErrorCode;
 /// the node judges it the same (a restricted request stays there even if
 /// its key's tenant were not confined to the node).
 pub async fn to_node(settings: &Settings, chat: &Chat, model: &str) -> Result<Response, Reply> {
-    node_request(settings, chat, model, chat.stream).await
+    node_request(settings, chat, model, chat.stream, None).await
+}
+
+/// As [`to_node`], streamed, with the node asked to judge its first tokens
+/// and decline below `min_confidence` (`x-edgeroute-judge`: a 409
+/// `low_confidence` with the confidence header, nothing streamed).
+pub async fn to_node_judged(
+    settings: &Settings,
+    chat: &Chat,
+    model: &str,
+    min_confidence: f32,
+) -> Result<Response, Reply> {
+    let judge = (JUDGE_HEADER, min_confidence.to_string());
+    node_request(settings, chat, model, true, Some(judge)).await
 }
 
 /// As [`to_node`], but the whole answer in one JSON body even when the
@@ -23,7 +36,7 @@ pub async fn to_node_whole(
     chat: &Chat,
     model: &str,
 ) -> Result<Response, Reply> {
-    node_request(settings, chat, model, false).await
+    node_request(settings, chat, model, false, None).await
 }
 
 async fn node_request(
@@ -31,6 +44,7 @@ async fn node_request(
     chat: &Chat,
     model: &str,
     stream: bool,
+    extra: Option<(&'static str, String)>,
 ) -> Result<Response, Reply> {
     let mut body = chat.body.clone();
     body.insert("model".into(), model.into());
@@ -42,6 +56,7 @@ async fn node_request(
     let url = format!("{}/v1/chat/completions", settings.node_url);
     let mut headers = vec![(SENSITIVITY_HEADER, level.to_string())];
     headers.extend(node_auth(settings));
+    headers.extend(extra);
     let body = serde_json::to_vec(&body).expect("a JSON map serialises");
     post(&url, headers, body, "the edgeroute node").await
 }

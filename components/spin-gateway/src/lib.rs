@@ -11,10 +11,12 @@
 //! 4. local work goes to the edgeroute node on this server, cloud work to
 //!    the upstream with the key (a Spin secret) added (`dispatch`).
 //!
-//! A cascade is judged by the node's confidence header on the whole local
-//! answer; when the client streams, a kept local answer is then sent as
-//! server-sent events in one go (the node itself holds back only the first
-//! `cascade_hold_tokens`).
+//! A cascade is judged by the node's confidence header. Whole answers are
+//! judged whole. When the client streams and the request may escalate,
+//! the node holds back its first `cascade_hold_tokens`, judges them and
+//! declines below the threshold (`x-edgeroute-judge`), so a kept answer
+//! streams from its first tokens; one that may not escalate is judged on
+//! the whole local answer and sent as server-sent events in one go.
 
 mod detector;
 mod dispatch;
@@ -207,6 +209,18 @@ async fn run(
             return reply.into_response();
         }
     };
+    relay(chat, target, reason, timing, response, call).await
+}
+
+/// `target`'s answer to the client, as it comes.
+async fn relay(
+    chat: &request::Chat,
+    target: &Target,
+    reason: &str,
+    timing: &mut Timing,
+    response: spin_sdk::http::Response,
+    call: Option<report::CloudCall>,
+) -> Answer {
     let ok = response.status().is_success();
     let broke_off = |e: ErrorCode, timing: &Timing| {
         let mut reply = reply::error(
@@ -268,6 +282,30 @@ async fn cascade(
     let Target::Local(model) = first else {
         return run(settings, chat, first, reason, timing).await;
     };
+    // Streamed, and the second hop allowed (0 is below any threshold):
+    // judged on the node's first tokens.
+    if chat.stream && guard::escalate(then, 0.0, min, &chat.facts, view).is_some() {
+        let judged = dispatch::to_node_judged(settings, chat, model, min).await;
+        timing.mark("local");
+        match judged {
+            Ok(response) if response.status() == StatusCode::CONFLICT => {
+                if let Some(confidence) = confidence_of(&response)
+                    && let Some(Placement::Run {
+                        target,
+                        reason: why,
+                    }) = guard::escalate(then, confidence, min, &chat.facts, view)
+                {
+                    return run(settings, chat, &target, &format!("{reason}; {why}"), timing).await;
+                }
+                // Declined without a usable confidence: judged whole below.
+            }
+            Ok(response) => return relay(chat, first, reason, timing, response, None).await,
+            Err(mut reply) => {
+                decision_headers(&mut reply, &first.to_string(), reason, timing);
+                return reply.into_response();
+            }
+        }
+    }
     let response = dispatch::to_node_whole(settings, chat, model).await;
     timing.mark("local");
     let response = match response {
@@ -277,12 +315,7 @@ async fn cascade(
             return reply.into_response();
         }
     };
-    let confidence = response
-        .headers()
-        .get(CONFIDENCE_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<f32>().ok());
-    if let Some(confidence) = confidence
+    if let Some(confidence) = confidence_of(&response)
         && response.status().is_success()
         && let Some(Placement::Run {
             target,
@@ -336,6 +369,15 @@ async fn cascade(
     timing.mark("body");
     decision_headers(&mut reply, &first.to_string(), reason, timing);
     reply.into_response()
+}
+
+/// The node's confidence header.
+fn confidence_of<B>(response: &spin_sdk::http::Response<B>) -> Option<f32> {
+    response
+        .headers()
+        .get(CONFIDENCE_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<f32>().ok())
 }
 
 fn decision_headers<B>(

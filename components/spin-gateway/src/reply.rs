@@ -8,6 +8,8 @@ pub const REASON_HEADER: &str = "x-edgeroute-reason";
 pub const SENSITIVITY_HEADER: &str = "x-edgeroute-sensitivity";
 pub const BUDGET_HEADER: &str = "x-edgeroute-latency-budget-ms";
 pub const CONFIDENCE_HEADER: &str = "x-edgeroute-confidence";
+/// Asks the node to decline a local answer judged below this confidence.
+pub const JUDGE_HEADER: &str = "x-edgeroute-judge";
 
 pub type Reply = spin_sdk::http::Response<http_body_util::Full<bytes::Bytes>>;
 

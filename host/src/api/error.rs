@@ -128,6 +128,19 @@ impl From<Failure> for ApiError {
                     .map_or_else(|| "none".to_string(), ToString::to_string);
                 ApiError::new(status, kind, code, format!("{served_by}: {failure}")).routed(route)
             }
+            Failure::Declined {
+                confidence,
+                min_confidence,
+                route,
+            } => ApiError::new(
+                StatusCode::CONFLICT,
+                "invalid_request_error",
+                "low_confidence",
+                format!(
+                    "the local answer's confidence {confidence:.2} is below the {min_confidence:.2} asked for (x-edgeroute-judge): declined, nothing was sent"
+                ),
+            )
+            .routed(route),
         }
     }
 }

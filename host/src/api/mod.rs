@@ -49,6 +49,10 @@ pub const LATENCY_BUDGET_HEADER: &str = "x-edgeroute-latency-budget-ms";
 pub const SESSION_HEADER: &str = "x-edgeroute-session";
 /// Prompt tokens the local model continued from its prefix cache.
 pub const CACHED_TOKENS_HEADER: &str = "x-edgeroute-cached-tokens";
+/// A caller that escalates by itself (a Spin gateway's streamed cascade):
+/// a minimum confidence; a local answer judged below it is declined (409
+/// `low_confidence`, with the confidence header) instead of sent.
+pub const JUDGE_HEADER: &str = "x-edgeroute-judge";
 
 pub fn router(node: Arc<Node>) -> Router {
     // What a client calls: behind its API key when the node has tenants.
@@ -306,6 +310,9 @@ fn signals(headers: &HeaderMap, tenant: Arc<Tenant>) -> Signals {
             .and_then(|v| v.to_str().ok())
             .map(|v| v.trim().to_string())
             .filter(|v| !v.is_empty()),
+        judge: headers
+            .get(JUDGE_HEADER)
+            .map(|v| v.to_str().unwrap_or_default().to_string()),
         // `clients::require` let it in only with the fleet's token.
         forwarded_by: headers
             .get(crate::fleet::FORWARDED_BY_HEADER)

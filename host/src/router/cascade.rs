@@ -25,6 +25,9 @@ pub(super) struct Judge {
     /// None when the guard dropped the second hop.
     pub then: Option<Target>,
     pub min_confidence: f32,
+    /// The caller escalates by itself (`x-edgeroute-judge`): below the
+    /// threshold, the answer is declined rather than kept.
+    pub decline: bool,
 }
 
 /// `run` is the cascade's first hop and `first` its first event.
@@ -64,6 +67,9 @@ pub(super) async fn judge(
         reason: why,
     }) = escalation
     else {
+        if judge.decline && confidence < min {
+            return ctx.decline(run, ended, confidence, min).await;
+        }
         let verdict = if confidence < min {
             format!("low confidence {confidence:.2} < {min:.2}: local answer kept")
         } else {
@@ -103,6 +109,35 @@ pub(super) async fn judge(
 }
 
 impl Context {
+    /// Stop the first hop and tell the caller its answer was below the
+    /// confidence it asked for; its tokens are in the ledger.
+    async fn decline(
+        self,
+        mut run: Run,
+        ended: Option<Result<Completion, TargetFailure>>,
+        confidence: f32,
+        min_confidence: f32,
+    ) -> Result<Served, Failure> {
+        run.deltas.close();
+        let result = match ended {
+            Some(result) => result,
+            None => run::join(&mut run.task).await,
+        };
+        run.reason = format!(
+            "{}; low confidence {confidence:.2} < {min_confidence:.2}: declined for the caller to escalate",
+            run.reason
+        );
+        let mut route = self.run_route(&run);
+        route.confidence = Some(confidence);
+        let usage = result.map_or(Usage::default(), |c| self.finished(&run.target, c).usage);
+        self.account(&run, true, usage).await;
+        Err(Failure::Declined {
+            confidence,
+            min_confidence,
+            route,
+        })
+    }
+
     /// Go on with the first hop's answer: finished, or streaming from the
     /// held-back text.
     async fn resume(

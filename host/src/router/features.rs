@@ -36,6 +36,8 @@ pub struct Signals {
     /// The peer that forwarded this request (its fleet token checked): it
     /// is never forwarded again.
     pub forwarded_by: Option<String>,
+    /// `x-edgeroute-judge`, if sent: the caller escalates by itself.
+    pub judge: Option<String>,
 }
 
 /// What the policy sees, and what the guard judges.

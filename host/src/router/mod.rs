@@ -71,6 +71,13 @@ pub enum Failure {
         failure: TargetFailure,
         route: Route,
     },
+    /// The local answer was judged below the caller's `x-edgeroute-judge`
+    /// and not sent: the caller escalates. Nothing left the node.
+    Declined {
+        confidence: f32,
+        min_confidence: f32,
+        route: Route,
+    },
 }
 
 /// A completion that ended.
@@ -138,6 +145,9 @@ struct Context {
     tool_grammar: Option<Arc<str>>,
     /// Each step's time, for the answer's `Server-Timing`.
     timing: Timing,
+    /// `x-edgeroute-judge`: a local first hop judged below this is
+    /// declined, for a caller that escalates by itself.
+    decline_below: Option<f32>,
 }
 
 /// A request after policy and guard, not yet dispatched.
@@ -177,6 +187,7 @@ pub async fn decide(
         .model_alias(&request.requested_model)
         .to_string();
     check_model(node, &request.requested_model).map_err(Failure::Invalid)?;
+    let decline_below = judge_header(signals).map_err(Failure::Invalid)?;
     timing.mark("parse");
     // Tokenizing a long prompt takes milliseconds of CPU: off the async
     // workers, so a large request cannot stall `/healthz` or other clients.
@@ -238,6 +249,7 @@ pub async fn decide(
         tried_peers: Vec::new(),
         tool_grammar: None,
         timing,
+        decline_below,
     };
     if !ctx.facts().may_leave
         && let Some(cloud) = named_cloud(&decision)
@@ -282,20 +294,40 @@ pub async fn dispatch(decided: Decided) -> Result<Served, Failure> {
     loop {
         let (target, reason, judge) = match placement {
             Placement::Refuse(refused) => return Err(ctx.refused(refused).await),
-            Placement::Run { target, reason } => (target, reason, None),
+            // A caller that escalates by itself has the local answer
+            // judged, and declined below its minimum.
+            Placement::Run { target, reason } => {
+                let judge = ctx
+                    .decline_below
+                    .filter(|_| tried.is_empty() && target.kind() == TargetKind::Local)
+                    .map(|min_confidence| Judge {
+                        then: None,
+                        min_confidence,
+                        decline: true,
+                    });
+                (target, reason, judge)
+            }
             Placement::Cascade {
                 first,
                 then,
                 min_confidence,
                 reason,
-            } => (
-                first,
-                reason,
-                Some(Judge {
-                    then,
-                    min_confidence,
-                }),
-            ),
+            } => {
+                // The caller's own escalation replaces the node's.
+                let judge = match ctx.decline_below {
+                    Some(min_confidence) if first.kind() == TargetKind::Local => Judge {
+                        then: None,
+                        min_confidence,
+                        decline: true,
+                    },
+                    _ => Judge {
+                        then,
+                        min_confidence,
+                        decline: false,
+                    },
+                };
+                (first, reason, Some(judge))
+            }
         };
         if tried.contains(&target) || !guard::may_try(&reached, &target) {
             let (run, failure) = failed.expect("a target is refused only after a failure");
@@ -369,6 +401,19 @@ fn named_cloud(decision: &Result<Decision, PolicyFailure>) -> Option<Target> {
         .into_iter()
         .find(|t| t.kind() == TargetKind::Cloud)
         .cloned()
+}
+
+/// The minimum confidence `x-edgeroute-judge` asks for, if sent.
+fn judge_header(signals: &Signals) -> Result<Option<f32>, Invalid> {
+    let Some(value) = &signals.judge else {
+        return Ok(None);
+    };
+    match value.trim().parse::<f32>() {
+        Ok(min) if min > 0.0 && min <= 1.0 => Ok(Some(min)),
+        _ => Err(Invalid::request(format!(
+            "x-edgeroute-judge must be a confidence above 0 and at most 1, got {value:?}"
+        ))),
+    }
 }
 
 /// `model` may name a configured local model, an upstream, or `auto`;

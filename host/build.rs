@@ -21,6 +21,7 @@ const COMPONENTS: &[(&str, &str)] = &[
     ("policy-bandit", "policy_bandit.wasm"),
     ("local-worker", "local_worker.wasm"),
     ("cloud-fetch", "cloud_fetch.wasm"),
+    ("policy-host-spin", "policy_host_spin.wasm"),
     ("fixtures/policy-always-cloud", "policy_always_cloud.wasm"),
     ("fixtures/policy-cloud-v2", "policy_cloud_v2.wasm"),
     ("fixtures/policy-trap", "policy_trap.wasm"),

@@ -99,7 +99,7 @@ fn build_sample(spin: &Path) {
 pub(crate) struct SpinApp {
     child: Child,
     url: String,
-    _state: tempfile::TempDir,
+    state: tempfile::TempDir,
 }
 
 impl SpinApp {
@@ -175,8 +175,22 @@ impl SpinApp {
         SpinApp {
             child,
             url: format!("http://127.0.0.1:{port}"),
-            _state: dir,
+            state: dir,
         }
+    }
+
+    /// What the app's components wrote to stderr so far (Spin keeps it
+    /// in the state folder's `logs`).
+    pub(crate) fn stderr(&self) -> String {
+        let logs = self.state.path().join("logs");
+        let mut text = String::new();
+        for entry in std::fs::read_dir(&logs).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.to_string_lossy().ends_with("_stderr.txt") {
+                text += &std::fs::read_to_string(&path).unwrap_or_default();
+            }
+        }
+        text
     }
 
     pub(crate) fn url(&self) -> &str {

@@ -544,11 +544,16 @@ fn the_spin_gateway_places_requests_with_the_nodes_policy_file_and_guard() {
     // finish reason and usage.
     let app = launch(&[cascade_everywhere("0.001")]);
     let canary = unique("gateway-cascade-kept");
-    let mut body = ask(&format!("Name a colour. {canary}"));
-    // Longer than the node holds back to judge (16 tokens).
+    let mut body = ask(&format!("List ten colours, one per line. {canary}"));
     body["max_tokens"] = json!(40);
     let whole = chat(&app, &body, &[]);
     assert_eq!(whole.target(), Some("local:smollm2"), "{whole:?}");
+    // Longer than the node holds back to judge (16 tokens), so a stream
+    // from the node has text after the judged part.
+    assert!(
+        whole.json()["usage"]["completion_tokens"].as_u64() > Some(16),
+        "{whole:?}"
+    );
     body["stream"] = json!(true);
     body["stream_options"] = json!({"include_usage": true});
     let events = chat(&app, &body, &[]);
@@ -591,12 +596,32 @@ fn the_spin_gateway_reaches_only_allowed_hosts_and_follows_a_swapped_policy() {
     let elsewhere = FakeCloud::start();
 
     // The same application with another policy file: the manifest copied
-    // with its files named absolutely and the dependency swapped.
+    // with its files named absolutely and the dependency swapped. This
+    // policy imports `host` (it logs): scripts/spin-policy.sh composes a
+    // host component into it, since Spin gives a dependency none.
     let dir = tempfile::tempdir().unwrap();
+    let plugged = dir.path().join("policy.wasm");
+    let out = Command::new("bash")
+        .arg(root("scripts/spin-policy.sh"))
+        .args([Path::new(POLICY_CLOUD_V2), plugged.as_path()])
+        .output()
+        .unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "spin-policy.sh: {said}");
+    assert!(said.contains("composed in"), "{said}");
+    let imports = said.lines().last().unwrap_or_default();
+    assert!(
+        imports.contains("it imports:") && !imports.contains("edgeroute:routing/host"),
+        "{said}"
+    );
     let manifest = dir.path().join("spin.toml");
     let text = std::fs::read_to_string(root("spin.toml"))
         .unwrap()
-        .replace("target-wasm/policy_default.wasm", POLICY_CLOUD_V2)
+        .replace(
+            "target-wasm/policy_default.wasm",
+            &plugged.display().to_string(),
+        )
         .replace(
             "target-wasm/spin_gateway.wasm",
             &root("target-wasm/spin_gateway.wasm").display().to_string(),
@@ -657,6 +682,12 @@ fn the_spin_gateway_reaches_only_allowed_hosts_and_follows_a_swapped_policy() {
         &[("authorization", &format!("Bearer {}", keys.direct))],
     );
     assert_eq!(on_node.target(), answer.target(), "{on_node:?}");
+    // The policy's log line, through the composed-in host component.
+    let logged = app.stderr();
+    assert!(
+        logged.contains("[policy] info: fixture: gw-") && logged.contains("to the cloud"),
+        "the gateway's stderr: {logged}"
+    );
     let canary = unique("gateway-swapped-restricted");
     let answer = chat(
         &app,

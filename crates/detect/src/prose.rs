@@ -193,9 +193,10 @@ static NOT_CONFIDENTIAL: LazyLock<Regex> = LazyLock::new(|| {
         confidential\ (?:computing|vms?|containers?|ai|inference)
         | cancer\ (?:research|awareness|society)
         | 机密计算
-        | ['"‘“«„]\s?(?:confidential|vertraulich|streng\ geheim|confidentiel(?:le)?|confidencial|riservato|internal\ only)\s?['"’”»“]
-        | confidential,?\ (?:and\ |or\ )?(?:top\ )?(?:secret|restricted)
-        | (?:secret|restricted|internal|public),\ confidential
+        | (?:\bmark(?:ed)?|\blabel(?:led)?|\bword|\bterm|\bas|\bcalled|\bentre|\bbetween|\bund|\band|\bet|\by|übersetze|traduis|traduce|translate)
+          \s+(?:it\s+|this\s+)?['"‘“«„]\s?(?:confidential|vertraulich|streng\ geheim|confidentiel(?:le)?|confidencial|riservato|internal\ only)\s?['"’”»“]
+        | confidential,\ secret,?\ (?:and|or)\ top\ secret
+        | (?:public|internal),\ (?:internal|restricted),?\ (?:and\ |or\ )?confidential
         | may\ contain\ (?:confidential|privileged)(?:\ and(?:/or)?\ (?:confidential|privileged))?\ information
         | l\.a\.\ confidential
         "#,
@@ -205,8 +206,9 @@ static NOT_CONFIDENTIAL: LazyLock<Regex> = LazyLock::new(|| {
 
 /// The text's confidentiality score (the sum of the weights found).
 pub fn score(text: &str) -> f32 {
-    // Taking the look-alike phrases out can only lower the score: most
-    // texts score 0 and are read once.
+    // Taking the look-alike phrases out lowers the score (it could add a
+    // word boundary, which only errs towards confidential): most texts
+    // score 0 and are read once.
     let found = raw_score(text);
     if found == 0.0 || !NOT_CONFIDENTIAL.is_match(text) {
         return found;

@@ -251,14 +251,15 @@ pub fn builtin() -> Vec<Rule> {
             r"born|birth|dob|d\.o\.b|birthday|geboren|geburt|geb\.|né le|née le|naissance|nacimiento|nació|nato il|nata il|nascita|nascimento|nascido|nascida|geboorte|född|urodzon|urodzenia|doğum|рожден|родил|जन्म|ngày sinh|tanggal lahir|تاريخ الميلاد|出生|生日|生于|生年月日|생년월일|생일|출생",
         ),
         // Not right after a word that makes it a version ("firmware
-        // 2.4.1.7", "version 1.0.0.12").
+        // 2.4.1.7", "version 1.0.0.12"); "build" or "release" may name a
+        // server as well, so they do not excuse one.
         unless(
             rule(
                 "ip-address",
                 r"(?:^|[^0-9A-Za-z.])(\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3})(?:[^0-9A-Za-z.]|\.(?:\s|$)|$)",
                 Some(v::ipv4),
             ),
-            r"\b(?:version|ver\.?|firmware|build|release|kernel|patch|versión|versão|versione|固件|版本)\s{0,3}[:#]?\s{0,3}$",
+            r"\b(?:version|ver\.?|firmware|versión|versão|versione|固件|版本)\s{0,3}[:#]?\s{0,3}$",
         ),
         rule(
             "ip-address",
@@ -404,21 +405,70 @@ fn said_password(s: &str) -> bool {
 }
 
 /// The value of "password: VALUE [next word]" is a password unless it
-/// reads as a sentence about passwords: a plain word with more words after
-/// it ("must be", "mindestens 8", "rotate on"), a length range ("8-64
-/// characters"), a YAML tag ("!vault"), a path (`pwd: /home/…`, the shell's
-/// working directory), or a placeholder.
+/// reads as a rule about passwords: a word that starts a sentence with
+/// more words after it ("must be", "mindestens 8", "rotate on"; another
+/// plain word followed by more is still a password: `--password=secretpw
+/// -h db`), a length range ("8-64 characters"), a YAML tag (`!vault`), a
+/// path (`pwd: /home/…`, the shell's working directory), or a placeholder.
 fn assigned_password(s: &str) -> bool {
     let (value, next) = match s.split_once([' ', '\t']) {
         Some((value, next)) => (value, Some(next.trim())),
         None => (s, None),
     };
-    let word = value.trim_end_matches(['.', ':', '!', '?', ')']);
-    let plain_word = !word.is_empty() && word.chars().all(char::is_alphabetic);
-    let sentence = plain_word && next.is_some_and(|n| !n.is_empty());
-    let not_a_value = sentence || length_range(word) || value.starts_with(['!', '/', '~', '(']);
-    !not_a_value && value.chars().count() >= 4 && not_placeholder(value)
+    let word = value
+        .trim_end_matches(['.', ':', '!', '?', ')'])
+        .to_lowercase();
+    let sentence = SENTENCE_WORDS.contains(&word.as_str()) && next.is_some_and(|n| !n.is_empty());
+    let yaml_tag = value.len() > 1
+        && value.starts_with('!')
+        && value[1..]
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c == '_');
+    let path = (value.starts_with('/') || value.starts_with("~/")) && value[1..].contains('/');
+    let not_a_value = sentence || length_range(&word) || yaml_tag || path;
+    !not_a_value && value.chars().count() >= 4 && not_placeholder(value) && not_placeholder(&word)
 }
+
+/// Words a rule about passwords starts with ("Password: must be …").
+const SENTENCE_WORDS: &[&str] = &[
+    "must",
+    "should",
+    "needs",
+    "need",
+    "has",
+    "have",
+    "is",
+    "are",
+    "can",
+    "cannot",
+    "will",
+    "may",
+    "min",
+    "minimum",
+    "max",
+    "maximum",
+    "at",
+    "between",
+    "rotate",
+    "rotated",
+    "expires",
+    "change",
+    "changed",
+    "reset",
+    "enter",
+    "use",
+    "contains",
+    "mindestens",
+    "muss",
+    "soll",
+    "doit",
+    "au",
+    "entre",
+    "debe",
+    "mínimo",
+    "deve",
+    "pelo",
+];
 
 /// A length rule's range ("8-64" characters).
 fn length_range(s: &str) -> bool {
@@ -463,6 +513,10 @@ fn not_placeholder(s: &str) -> bool {
             "empty",
             "blank",
             "unset",
+            "obligatoria",
+            "obligatorio",
+            "obligatoire",
+            "erforderlich",
         ]
         .contains(&lower.as_str()))
 }

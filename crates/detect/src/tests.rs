@@ -215,6 +215,7 @@ fn addresses_dates_and_network() {
             "server at 192.168.1.20",
             "fe80::1ff:fe23:4567:890a",
             "the build server is 10.20.30.40",
+            "build: 10.20.30.40",
         ],
     );
     misses(
@@ -311,6 +312,11 @@ fn secrets() {
             "Password: sunshine\nUser: bob",
             "password: hunter2 please change it",
             "my passphrase is correct-horse-battery-staple",
+            "mysql --password=secretpw -h db",
+            "DB_PASSWORD=Sunshine # prod",
+            "user: admin password: swordfish host: db1",
+            "password: letmein (temporary)",
+            "password: !QAZ2wsx",
         ],
     );
     finds(
@@ -360,6 +366,10 @@ fn confidential_prose() {
             "Confidential: the board approved the merger.",
             "Keep this confidential until Friday.",
             "'CONFIDENTIAL' Q3 plan attached: do not forward",
+            r#"{"classification": "confidential", "topic": "Q3"}"#,
+            "\"Confidential\" - Q3 minutes",
+            "Confidential and restricted: the merger terms",
+            "INTERNAL, CONFIDENTIAL",
         ],
     );
 }

@@ -102,7 +102,6 @@ pub struct Prepared {
     pub decoding: Decoding,
 }
 
-/// Parse JSON refusing duplicate keys anywhere (`edgeroute_detect::body`).
 impl Prepared {
     /// The messages' text as the client wrote it: without the node's
     /// description of the offered tools, whose every string is the
@@ -127,6 +126,7 @@ pub fn client_texts(
         })
 }
 
+/// Parse JSON refusing duplicate keys anywhere (`edgeroute_detect::body`).
 pub fn strict_json(body: &[u8]) -> Result<Value, Invalid> {
     edgeroute_detect::body::strict_json(body).map_err(|e| Invalid::request(e.to_string()))
 }

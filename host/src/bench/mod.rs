@@ -265,7 +265,6 @@ async fn policy_route(
     Ok((calls, features))
 }
 
-/// p50 and p99 of a set of timings, in microseconds.
 /// The short chat the pipeline's benchmarks decide on.
 fn short_chat() -> String {
     serde_json::json!({
@@ -276,6 +275,7 @@ fn short_chat() -> String {
     .to_string()
 }
 
+/// p50 and p99 of a set of timings, in microseconds.
 pub(super) struct Spread {
     pub p50: f64,
     pub p99: f64,

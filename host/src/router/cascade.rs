@@ -130,7 +130,18 @@ impl Context {
         let mut route = self.run_route(&run);
         route.confidence = Some(confidence);
         let usage = result.map_or(Usage::default(), |c| self.finished(&run.target, c).usage);
-        self.account(&run, true, usage).await;
+        // The local work is a leg that was not the answer, as when a
+        // cascade escalates; the request got no answer here (the caller's
+        // own escalation is its to account for).
+        self.record_leg(
+            Some(&run.target),
+            true,
+            usage,
+            Leg::Escalated,
+            Some(confidence),
+        );
+        self.finish_request(None, false, Usage::default(), Some(confidence), None)
+            .await;
         Err(Failure::Declined {
             confidence,
             min_confidence,

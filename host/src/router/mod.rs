@@ -409,9 +409,10 @@ fn judge_header(signals: &Signals) -> Result<Option<f32>, Invalid> {
         return Ok(None);
     };
     match value.trim().parse::<f32>() {
-        Ok(min) if min > 0.0 && min <= 1.0 => Ok(Some(min)),
+        // Above 1 no answer clears it, as a cascade's threshold may be.
+        Ok(min) if min > 0.0 && min.is_finite() => Ok(Some(min)),
         _ => Err(Invalid::request(format!(
-            "x-edgeroute-judge must be a confidence above 0 and at most 1, got {value:?}"
+            "x-edgeroute-judge must be a confidence above 0, got {value:?}"
         ))),
     }
 }

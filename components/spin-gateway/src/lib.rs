@@ -283,32 +283,14 @@ async fn cascade(
         return run(settings, chat, first, reason, timing).await;
     };
     // Streamed, and the second hop allowed (0 is below any threshold):
-    // judged on the node's first tokens.
-    if chat.stream && guard::escalate(then, 0.0, min, &chat.facts, view).is_some() {
-        let judged = dispatch::to_node_judged(settings, chat, model, min).await;
-        timing.mark("local");
-        match judged {
-            Ok(response) if response.status() == StatusCode::CONFLICT => {
-                if let Some(confidence) = confidence_of(&response)
-                    && let Some(Placement::Run {
-                        target,
-                        reason: why,
-                    }) = guard::escalate(then, confidence, min, &chat.facts, view)
-                {
-                    return run(settings, chat, &target, &format!("{reason}; {why}"), timing).await;
-                }
-                // Declined without a usable confidence (a node that does
-                // not speak the header): its answer, not a second run.
-                return relay(chat, first, reason, timing, response, None).await;
-            }
-            Ok(response) => return relay(chat, first, reason, timing, response, None).await,
-            Err(mut reply) => {
-                decision_headers(&mut reply, &first.to_string(), reason, timing);
-                return reply.into_response();
-            }
-        }
-    }
-    let response = dispatch::to_node_whole(settings, chat, model).await;
+    // judged on the node's first tokens, which it declines (409) below
+    // `min`. Otherwise judged on the whole local answer.
+    let judged = chat.stream && guard::escalate(then, 0.0, min, &chat.facts, view).is_some();
+    let response = if judged {
+        dispatch::to_node_judged(settings, chat, model, min).await
+    } else {
+        dispatch::to_node_whole(settings, chat, model).await
+    };
     timing.mark("local");
     let response = match response {
         Ok(response) => response,
@@ -317,8 +299,16 @@ async fn cascade(
             return reply.into_response();
         }
     };
+    // A judged stream below `min` comes back declined; a whole answer
+    // comes back answered.
+    let status = response.status();
+    let below_or_answered = if judged {
+        status == StatusCode::CONFLICT
+    } else {
+        status.is_success()
+    };
     if let Some(confidence) = confidence_of(&response)
-        && response.status().is_success()
+        && below_or_answered
         && let Some(Placement::Run {
             target,
             reason: why,
@@ -326,7 +316,11 @@ async fn cascade(
     {
         return run(settings, chat, &target, &format!("{reason}; {why}"), timing).await;
     }
-    let status = response.status();
+    // A kept judged stream (or a node that declined without a usable
+    // confidence) goes to the client as it comes: never a second run.
+    if judged {
+        return relay(chat, first, reason, timing, response, None).await;
+    }
     let kept = response.headers().clone();
     let body = match response.into_body().bytes().await {
         Ok(body) => body,

@@ -30,6 +30,18 @@ pub(super) struct Judge {
     pub decline: bool,
 }
 
+impl Judge {
+    /// For a caller that escalates by itself: judged against its minimum,
+    /// declined below it, never sent on by the node.
+    pub fn declining(min_confidence: f32) -> Self {
+        Self {
+            then: None,
+            min_confidence,
+            decline: true,
+        }
+    }
+}
+
 /// `run` is the cascade's first hop and `first` its first event.
 pub(super) async fn judge(
     mut ctx: Context,

@@ -294,40 +294,30 @@ pub async fn dispatch(decided: Decided) -> Result<Served, Failure> {
     loop {
         let (target, reason, judge) = match placement {
             Placement::Refuse(refused) => return Err(ctx.refused(refused).await),
-            // A caller that escalates by itself has the local answer
-            // judged, and declined below its minimum.
-            Placement::Run { target, reason } => {
-                let judge = ctx
-                    .decline_below
-                    .filter(|_| tried.is_empty() && target.kind() == TargetKind::Local)
-                    .map(|min_confidence| Judge {
-                        then: None,
-                        min_confidence,
-                        decline: true,
-                    });
-                (target, reason, judge)
-            }
+            Placement::Run { target, reason } => (target, reason, None),
             Placement::Cascade {
                 first,
                 then,
                 min_confidence,
                 reason,
-            } => {
-                // The caller's own escalation replaces the node's.
-                let judge = match ctx.decline_below {
-                    Some(min_confidence) if first.kind() == TargetKind::Local => Judge {
-                        then: None,
-                        min_confidence,
-                        decline: true,
-                    },
-                    _ => Judge {
-                        then,
-                        min_confidence,
-                        decline: false,
-                    },
-                };
-                (first, reason, Some(judge))
+            } => (
+                first,
+                reason,
+                Some(Judge {
+                    then,
+                    min_confidence,
+                    decline: false,
+                }),
+            ),
+        };
+        // A caller that escalates by itself (`x-edgeroute-judge`) has a
+        // local first hop judged against its minimum, in place of any
+        // cascade the node planned.
+        let judge = match ctx.decline_below {
+            Some(min) if tried.is_empty() && target.kind() == TargetKind::Local => {
+                Some(Judge::declining(min))
             }
+            _ => judge,
         };
         if tried.contains(&target) || !guard::may_try(&reached, &target) {
             let (run, failure) = failed.expect("a target is refused only after a failure");

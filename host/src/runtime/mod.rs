@@ -159,7 +159,9 @@ impl ResourceLimiter for MemoryCap {
 }
 
 /// Where a target streams its text (`tx`, when the client asked for a
-/// stream), and whether anyone still waits for the answer.
+/// stream), and whether anyone still waits for the answer. The default
+/// streams nowhere and has no one to ask (an embedding emits nothing).
+#[derive(Default)]
 pub struct Sink {
     pub tx: Option<tokio::sync::mpsc::UnboundedSender<crate::targets::Delta>>,
     pub waiting: Option<tokio::sync::oneshot::Receiver<()>>,

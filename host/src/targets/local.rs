@@ -212,9 +212,7 @@ impl LocalTarget {
             .add(held);
         result?
     }
-}
 
-impl LocalTarget {
     /// Embed `texts` on the node's encoder through the local worker and
     /// wasi-nn, in one instance. `cut_to`: see the `embedder` interface (a
     /// text too long without it is a `BadRequest`). Not admitted through
@@ -233,11 +231,7 @@ impl LocalTarget {
         // The encoder blocks its thread for milliseconds per text.
         tokio::task::spawn_blocking(move || {
             handle.block_on(async move {
-                let sink = Sink {
-                    tx: None,
-                    waiting: None,
-                };
-                let mut store = LocalState::store(&engine, nn, sink);
+                let mut store = LocalState::store(&engine, nn, Sink::default());
                 let worker = pre.instantiate_async(&mut store).await.map_err(trapped)?;
                 worker
                     .edgeroute_routing_embedder()

@@ -321,13 +321,21 @@ fn a_caller_that_escalates_itself_gets_a_declined_answer_below_its_bar() {
         );
         cloud.assert_received(&canary, 0);
     }
-    // A bar the answer clears: it streams, token by token.
-    let mut body = chat(&format!("{prompt} {}", unique("judge-kept")), 16);
+    // A bar the answer clears: it streams, token by token past the 16
+    // tokens held back to judge (an answer that long, checked by its usage).
+    let list = format!("List ten colours, one per line. {}", unique("judge-kept"));
+    let mut body = chat(&list, 40);
     body["model"] = json!(LOCAL_MODEL);
     body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
     let resp = node.post_chat(body, &[("x-edgeroute-judge", "0.0001")]);
     assert_eq!(resp.status, 200, "{resp:?}");
     let stream = resp.stream();
+    let completion = stream
+        .usage
+        .as_ref()
+        .and_then(|u| u["completion_tokens"].as_u64());
+    assert!(completion > Some(16), "{resp:?}");
     assert!(stream.content_chunks > 1 && stream.done_last, "{resp:?}");
     // Not a confidence: a clear 400, and the node serves on.
     for bad in ["0", "-1", "NaN", "high"] {

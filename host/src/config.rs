@@ -450,6 +450,10 @@ pub struct GuardConfig {
     /// word (salary, diagnosis, lawsuit, merger, …) 0.5; at this score or
     /// more the request is restricted.
     pub prose_threshold: f32,
+    /// Confidential prose, by the classifier trained on
+    /// `crates/detect/prose-train/`: a text it gives this probability or
+    /// more is restricted (either detector is enough); 1 turns it off.
+    pub prose_classifier_threshold: f32,
     /// Levels that may not leave the node for the cloud but may go to a
     /// peer of the same trust zone (`[fleet] zone`). Empty by default:
     /// restricted data stays on its node.
@@ -464,6 +468,8 @@ impl Default for GuardConfig {
             patterns: Vec::new(),
             allow: Vec::new(),
             prose_threshold: 1.0,
+            prose_classifier_threshold: edgeroute_detect::Settings::default()
+                .prose_classifier_threshold,
             zone_levels: Vec::new(),
         }
     }
@@ -597,6 +603,12 @@ impl Config {
             && embedding.feature_tokens == 0
         {
             bail!("local.embedding.feature_tokens must be at least 1");
+        }
+        let t = self.guard.prose_classifier_threshold;
+        if !(t > 0.0 && t <= 1.0) {
+            bail!(
+                "guard.prose_classifier_threshold must be in (0, 1] (1 turns the classifier off), not {t}"
+            );
         }
         for (name, tenant) in &self.tenants {
             crate::tenants::check_name(name)?;

@@ -11,6 +11,7 @@ pub fn detector(guard: &GuardConfig) -> anyhow::Result<Detector> {
         patterns: &guard.patterns,
         allow: &guard.allow,
         prose_threshold: guard.prose_threshold,
+        prose_classifier_threshold: guard.prose_classifier_threshold,
     })
     .map_err(anyhow::Error::msg)
 }

@@ -945,6 +945,39 @@ fn what_people_paste_stays_local_and_the_reason_says_what_was_found() {
     cloud.assert_received(&canary, 1);
 }
 
+/// Confidential prose in words no list holds ("expecting", "quietly move
+/// her visits") stays on the node under a policy that sends everything
+/// out, found by the prose classifier; with the classifier off (`[guard]
+/// prose_classifier_threshold = 1.0`) the same prompt leaves, so it is the
+/// classifier that kept it.
+#[test]
+fn confidential_prose_no_list_holds_is_kept_by_the_classifier() {
+    let cloud = FakeCloud::start();
+    let text = "Between us: Marta is expecting and will tell the team after her first scan, so quietly move her site visits to Tom.";
+    for classifier_on in [true, false] {
+        let mut node = EDGEROUTE.node(&cloud).policy_component(POLICY_ALWAYS_CLOUD);
+        if !classifier_on {
+            node = node.guard("prose_classifier_threshold = 1.0");
+        }
+        let node = node.start();
+        let canary = unique("canary-prose");
+        let resp = node.post_chat(
+            json!({"model": "auto", "max_tokens": 4, "messages": [{"role": "user", "content": format!("{canary} {text}")}]}),
+            &[],
+        );
+        if classifier_on {
+            assert_eq!(resp.status, 200, "{resp:?}");
+            assert_eq!(resp.target(), Some(local_target().as_str()), "{resp:?}");
+            let reason = resp.reason().unwrap_or_default();
+            assert!(reason.contains("detected: confidential"), "{reason}");
+            assert_nothing_left(&cloud, &[canary], "confidential prose");
+        } else {
+            assert_cloud_completion(&resp, "classifier off");
+            cloud.assert_received(&canary, 1);
+        }
+    }
+}
+
 /// Clients that never finish their request head are cut off, so they
 /// cannot hold every connection slot; a half-sent request cannot hold a
 /// shutdown past its deadline.

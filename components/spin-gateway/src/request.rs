@@ -67,6 +67,8 @@ pub fn read(
         let detector = if settings.detect_patterns.is_empty()
             && settings.detect_allow.is_empty()
             && settings.prose_threshold == DetectSettings::default().prose_threshold
+            && settings.prose_classifier_threshold
+                == DetectSettings::default().prose_classifier_threshold
         {
             detector
         } else {
@@ -74,6 +76,7 @@ pub fn read(
                 patterns: &settings.detect_patterns,
                 allow: &settings.detect_allow,
                 prose_threshold: settings.prose_threshold,
+                prose_classifier_threshold: settings.prose_classifier_threshold,
             })?;
             &own
         };

@@ -22,10 +22,12 @@ pub struct Settings {
     pub upstream_key: String,
     pub rules: Rules,
     pub detect_pii: bool,
-    /// The node's `[guard] patterns`, `allow` and `prose_threshold`.
+    /// The node's `[guard] patterns`, `allow`, `prose_threshold` and
+    /// `prose_classifier_threshold`.
     pub detect_patterns: Vec<edgeroute_detect::Pattern>,
     pub detect_allow: Vec<String>,
     pub prose_threshold: f32,
+    pub prose_classifier_threshold: f32,
     /// `[policy.params]` of the node, as `key=value` pairs.
     pub policy_params: Vec<(String, String)>,
 }
@@ -103,6 +105,15 @@ impl Settings {
             .ok()
             .filter(|t| t.is_finite() && *t > 0.0)
             .ok_or_else(|| format!("prose_threshold: '{text}' is not a positive number"))?;
+        let text = var("prose_classifier_threshold").await?;
+        let prose_classifier_threshold = text
+            .trim()
+            .parse::<f32>()
+            .ok()
+            .filter(|t| *t > 0.0 && *t <= 1.0)
+            .ok_or_else(|| {
+                format!("prose_classifier_threshold: '{text}' is not a number in (0, 1]")
+            })?;
         Ok(Self {
             node_url: var("node_url").await?.trim_end_matches('/').to_owned(),
             node_key: var("node_key").await?,
@@ -119,6 +130,7 @@ impl Settings {
             detect_patterns,
             detect_allow,
             prose_threshold,
+            prose_classifier_threshold,
             policy_params,
         })
     }

@@ -48,8 +48,11 @@ pub struct Settings<'a> {
     pub patterns: &'a [Pattern],
     /// Regexes of text known to be harmless, removed before detection.
     pub allow: &'a [String],
-    /// Confidential prose scores at or above this are found.
+    /// Confidential prose scores at or above this are found (the lexicon).
     pub prose_threshold: f32,
+    /// Text the prose classifier gives at least this probability is
+    /// confidential; 1 turns the classifier off.
+    pub prose_classifier_threshold: f32,
 }
 
 impl Default for Settings<'_> {
@@ -58,6 +61,7 @@ impl Default for Settings<'_> {
             patterns: &[],
             allow: &[],
             prose_threshold: 1.0,
+            prose_classifier_threshold: 0.4,
         }
     }
 }
@@ -66,6 +70,7 @@ pub struct Detector {
     rules: Vec<Rule>,
     allow: Vec<Regex>,
     prose_threshold: f32,
+    prose_classifier_threshold: f32,
 }
 
 impl Detector {
@@ -76,6 +81,7 @@ impl Detector {
             rules: rules::builtin(),
             allow: Vec::new(),
             prose_threshold: Settings::default().prose_threshold,
+            prose_classifier_threshold: Settings::default().prose_classifier_threshold,
         };
         builtin.with(settings)
     }
@@ -110,6 +116,7 @@ impl Detector {
             rules,
             allow,
             prose_threshold: settings.prose_threshold,
+            prose_classifier_threshold: settings.prose_classifier_threshold,
         })
     }
 
@@ -119,6 +126,11 @@ impl Detector {
         let mut found = BTreeSet::new();
         for text in &texts {
             self.scan_one(text, &mut found);
+            // Each text alone: the classifier reads passages, and one
+            // spanning two turns is no more confidential than its parts.
+            if !found.contains(CONFIDENTIAL) && self.classifier_finds(text) {
+                found.insert(CONFIDENTIAL);
+            }
         }
         if texts.len() > 1 {
             // A value split across turns: joined with a space, which every
@@ -133,6 +145,12 @@ impl Detector {
             }
         }
         found.into_iter().collect()
+    }
+
+    fn classifier_finds(&self, text: &str) -> bool {
+        self.prose_classifier_threshold < 1.0
+            && prose::classifier::probability(&prose::lexicon::without_look_alikes(text))
+                >= self.prose_classifier_threshold
     }
 
     fn prepare(&self, text: &str) -> String {
@@ -152,7 +170,7 @@ impl Detector {
                 found.insert(rule.kind);
             }
         }
-        if !found.contains(CONFIDENTIAL) && prose::score(text) >= self.prose_threshold {
+        if !found.contains(CONFIDENTIAL) && prose::lexicon::score(text) >= self.prose_threshold {
             found.insert(CONFIDENTIAL);
         }
     }

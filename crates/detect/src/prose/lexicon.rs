@@ -1,14 +1,6 @@
-//! Confidential prose: text with no identifier in it that still must not
-//! leave (a diagnosis, a salary, a lawsuit, an unannounced deal, a
-//! "confidential" marking). A weighted lexicon in several languages: a
-//! marking alone is enough (weight 1), a topic word counts half, and the
-//! text is confidential when the sum reaches `[guard] prose_threshold`
-//! (default 1: one marking, or two topic words).
-//!
-//! Why a lexicon and not a classifier on the embedding model: it costs
-//! microseconds on every request whatever the policy, where an embedding
-//! costs tens of milliseconds; its misses are listed by the evaluation
-//! set's recall for `confidential`.
+//! The weighted lexicon: a marking alone is enough (weight 1), a topic
+//! word counts half, and the text is confidential when the sum reaches
+//! `[guard] prose_threshold` (default 1: one marking, or two topic words).
 
 use regex::{Regex, RegexSet};
 use std::sync::LazyLock;
@@ -214,6 +206,13 @@ pub fn score(text: &str) -> f32 {
         return found;
     }
     raw_score(&NOT_CONFIDENTIAL.replace_all(text, " "))
+}
+
+/// `text` without the phrases that look confidential but are not (a
+/// technology's name, a quoted marking, the e-mail disclaimer), for the
+/// classifier: neither detector should count them.
+pub fn without_look_alikes(text: &str) -> std::borrow::Cow<'_, str> {
+    NOT_CONFIDENTIAL.replace_all(text, " ")
 }
 
 fn raw_score(text: &str) -> f32 {

@@ -7,6 +7,8 @@
 
 #[path = "src/prose/features.rs"]
 mod features;
+#[path = "src/prose/lexicon.rs"]
+mod lexicon;
 #[path = "src/normalize.rs"]
 mod normalize;
 #[path = "src/prose/train.rs"]
@@ -31,8 +33,10 @@ fn main() {
         for (text, confidential) in
             train::read(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display()))
         {
-            let features = features::extract(&normalize::normalize(&text));
-            examples.push(train::Example::new(&features, confidential));
+            // Read as the detector reads a text: normalised, without the
+            // phrases that only look confidential.
+            let text = lexicon::without_look_alikes(&normalize::normalize(&text)).into_owned();
+            examples.extend(train::examples(&features::extract(&text), confidential));
         }
     }
     assert!(

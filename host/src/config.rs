@@ -604,6 +604,11 @@ impl Config {
         {
             bail!("local.embedding.feature_tokens must be at least 1");
         }
+        // A NaN or infinite lexicon threshold would find nothing, silently.
+        let t = self.guard.prose_threshold;
+        if !(t.is_finite() && t > 0.0) {
+            bail!("guard.prose_threshold must be a positive number, not {t}");
+        }
         let t = self.guard.prose_classifier_threshold;
         if !(t > 0.0 && t <= 1.0) {
             bail!(

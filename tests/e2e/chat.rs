@@ -945,15 +945,15 @@ fn what_people_paste_stays_local_and_the_reason_says_what_was_found() {
     cloud.assert_received(&canary, 1);
 }
 
-/// Confidential prose in words no list holds ("expecting", "quietly move
-/// her visits") stays on the node under a policy that sends everything
+/// Confidential prose in words no list holds ("expecting", "hasn't told
+/// anyone") stays on the node under a policy that sends everything
 /// out, found by the prose classifier; with the classifier off (`[guard]
 /// prose_classifier_threshold = 1.0`) the same prompt leaves, so it is the
 /// classifier that kept it.
 #[test]
 fn confidential_prose_no_list_holds_is_kept_by_the_classifier() {
     let cloud = FakeCloud::start();
-    let text = "Between us: Marta is expecting and will tell the team after her first scan, so quietly move her site visits to Tom.";
+    let text = "Please keep this to yourself: Marta is expecting and hasn't told anyone at work yet, so quietly move her site visits to Tom until she announces it.";
     for classifier_on in [true, false] {
         let mut node = EDGEROUTE.node(&cloud).policy_component(POLICY_ALWAYS_CLOUD);
         if !classifier_on {

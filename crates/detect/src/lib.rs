@@ -61,7 +61,7 @@ impl Default for Settings<'_> {
             patterns: &[],
             allow: &[],
             prose_threshold: 1.0,
-            prose_classifier_threshold: 0.4,
+            prose_classifier_threshold: 0.37,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Training the prose classifier: logistic regression over the hashed
-//! features, by AdaGrad with a little L2, in a fixed order — the same
-//! examples give the same weights, bit for bit, on any machine. `build.rs`
+//! features, by AdaGrad with L2, in a fixed order — the same examples give
+//! the same weights (bit for bit where `f32::exp` rounds the same: one
+//! platform's maths library). `build.rs`
 //! runs it on `crates/detect/prose-train/` at compile time (the weights are
 //! never a file in the repository that could drift from the data), and
 //! the cross-validation test runs it on parts of the same data.
@@ -11,28 +12,59 @@
 // In the library only `sigmoid` runs; the rest is for `build.rs` and tests.
 #![cfg_attr(not(test), allow(dead_code))]
 
-use super::features::{BUCKETS, Features};
+use super::features::{BUCKETS, Features, windows};
 
-/// One labelled text's features, as (bucket, value) with each unit of the
-/// text counted once per feature.
+/// One window of a labelled text: each distinct bucket once, with its
+/// value (how often it occurs, [`scale`]d), and what the example counts
+/// for in training.
 pub struct Example {
     pub features: Vec<(u32, f32)>,
     pub confidential: bool,
+    pub weight: f32,
 }
 
 impl Example {
-    pub fn new(features: &Features, confidential: bool) -> Self {
+    fn of(buckets: &[u32], confidential: bool, weight: f32) -> Self {
+        let value = scale(buckets.len());
+        let mut sorted = buckets.to_vec();
+        sorted.sort_unstable();
+        let mut features: Vec<(u32, f32)> = Vec::with_capacity(sorted.len());
+        for b in sorted {
+            match features.last_mut() {
+                Some((last, v)) if *last == b => *v += value,
+                _ => features.push((b, value)),
+            }
+        }
         Self {
-            features: scaled(&features.buckets),
+            features,
             confidential,
+            weight,
         }
     }
 }
 
-/// The values a model reads for these buckets: each [`scale`]d.
-pub fn scaled(buckets: &[u32]) -> Vec<(u32, f32)> {
-    let value = scale(buckets.len());
-    buckets.iter().map(|&b| (b, value)).collect()
+/// What a labelled text teaches, read as the classifier reads it: the
+/// score of a text is its best window's. A confidential text is one
+/// example, whole (its confidential part may sit in any one window); a
+/// clean text is every window the classifier would score, together
+/// counting as one text — no window of it may look confidential.
+pub fn examples(features: &Features, confidential: bool) -> Vec<Example> {
+    let all = windows(features.units());
+    if confidential || all.len() <= 1 {
+        return vec![Example::of(&features.buckets, confidential, 1.0)];
+    }
+    let weight = 1.0 / all.len() as f32;
+    all.into_iter()
+        .map(|(from, to)| {
+            let start = if from == 0 {
+                0
+            } else {
+                features.ends[from - 1]
+            };
+            let end = features.ends[to - 1];
+            Example::of(&features.buckets[start..end], false, weight)
+        })
+        .collect()
 }
 
 /// What each of `n` features counts for: 1/√n, so a text's feature vector
@@ -77,8 +109,19 @@ pub fn train(examples: &[Example]) -> Model {
     // The classes weigh alike however many texts each has (more clean
     // texts than confidential ones are written): a probability of 0.5
     // means as much evidence either way.
-    let positives = examples.iter().filter(|e| e.confidential).count().max(1);
-    let positive_weight = (examples.len() - positives) as f32 / positives as f32;
+    let class = |confidential: bool| -> f32 {
+        examples
+            .iter()
+            .filter(|e| e.confidential == confidential)
+            .map(|e| e.weight)
+            .sum()
+    };
+    let (positives, negatives) = (class(true), class(false));
+    assert!(
+        positives > 0.0 && negatives > 0.0,
+        "training needs confidential and clean texts"
+    );
+    let positive_weight = negatives / positives;
     let mut order: Vec<usize> = (0..examples.len()).collect();
     let mut seed = 0x9E37_79B9_7F4A_7C15_u64;
     for _ in 0..EPOCHS {
@@ -86,11 +129,12 @@ pub fn train(examples: &[Example]) -> Model {
         for &i in &order {
             let example = &examples[i];
             let p = sigmoid(model.logit(&example.features));
-            let error = if example.confidential {
-                (p - 1.0) * positive_weight
-            } else {
-                p
-            };
+            let error = example.weight
+                * if example.confidential {
+                    (p - 1.0) * positive_weight
+                } else {
+                    p
+                };
             for &(b, v) in &example.features {
                 let b = b as usize;
                 let g = error * v + L2 * model.weights[b];

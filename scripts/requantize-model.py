@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Rewrite a GGUF model's Q4_1 weights as Q8_0 or Q4_0, keeping the rest.
+"""Rewrite a GGUF model's Q4_1 or F16 weights as Q8_0 or Q4_0, keeping the rest.
 
 Why: llama.cpp's CPU backend has batched matrix kernels for Q8_0
 (llamafile's tinyBLAS) and Q4_0 (tinyBLAS and the repacked AVX2 8x8
@@ -15,8 +15,15 @@ three formats was made (`edgeroute bench --batching-only` on each):
   smaller and the fastest here, but a different, slightly worse model;
   greedy text changes.
 
-Only Q4_1 tensors change (each is dequantized to float32 and quantized by
-the `gguf` package); metadata is copied, with `general.file_type` set to
+The embedding model (all-MiniLM-L6-v2, converted as F16 by
+scripts/convert-embedding-model.py) can be rewritten the same way: its F16
+weight matrices as Q8_0, which llama.cpp multiplies with integer dot
+products instead of converting every F16 value (`edgeroute bench
+--embedding-only --embedding-compare FILE` measures both in one run).
+
+Only Q4_1 tensors, and F16 matrices whose rows fill whole 32-value blocks,
+change (each is dequantized to float32 and quantized by the `gguf`
+package); metadata is copied, with `general.file_type` set to
 match. The output is deterministic for the same input and the pinned
 package versions of scripts/embedding-requirements.txt.
 
@@ -34,7 +41,8 @@ except ImportError:  # pragma: no cover - message for a missing venv
     sys.exit("requantize-model: the 'gguf' package is missing; "
              "pip install -r scripts/embedding-requirements.txt")
 
-FROM = gguf.GGMLQuantizationType.Q4_1
+Q4_1 = gguf.GGMLQuantizationType.Q4_1
+F16 = gguf.GGMLQuantizationType.F16
 # Target format -> (tensor type, the file type recorded in the metadata).
 TARGETS = {
     "q8_0": (gguf.GGMLQuantizationType.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
@@ -71,13 +79,13 @@ def main() -> None:
     changed = 0
     for tensor in reader.tensors:
         data, kind = tensor.data, tensor.tensor_type
-        if kind == FROM:
-            data = gguf.quants.quantize(gguf.quants.dequantize(data, FROM), to)
+        if kind == Q4_1 or (kind == F16 and data.ndim == 2 and data.shape[-1] % 32 == 0):
+            data = gguf.quants.quantize(gguf.quants.dequantize(data, kind), to)
             kind = to
             changed += 1
         tensors.append((tensor.name, data, kind))
     if changed == 0:
-        sys.exit(f"requantize-model: {source} has no Q4_1 tensor")
+        sys.exit(f"requantize-model: {source} has no Q4_1 or F16 matrix")
 
     for tensor_name, data, kind in tensors:
         # Shapes are given in bytes for quantized data, as GGUFReader hands them.
@@ -88,7 +96,7 @@ def main() -> None:
     for _, data, _ in tensors:
         writer.write_tensor_data(np.ascontiguousarray(data), tensor_endianess=reader.endianess)
     writer.close()
-    print(f"requantize-model: {changed} tensors Q4_1 -> {fmt.upper()}, written to {target}")
+    print(f"requantize-model: {changed} tensors -> {fmt.upper()}, written to {target}")
 
 
 if __name__ == "__main__":

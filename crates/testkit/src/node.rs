@@ -25,7 +25,7 @@ const MODEL: &str = concat!(
 /// The sentence-embedding model `scripts/fetch-models.sh` converts.
 pub const EMBEDDING_MODEL: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../../models/all-MiniLM-L6-v2.F16.gguf"
+    "/../../models/all-MiniLM-L6-v2.Q8_0.gguf"
 );
 /// Its name in the test config (`/v1/embeddings`' `model`).
 pub const EMBEDDING_NAME: &str = "minilm";

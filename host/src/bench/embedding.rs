@@ -135,6 +135,64 @@ pub async fn run<F: Future<Output = Result<Decided, Failure>>>(
     Ok(())
 }
 
+/// The configured encoder against another file of it (another weight
+/// format), both called directly, alternating: each size's p50s, their
+/// ratio, and how close the vectors are.
+pub fn compare(node: &Node, file: &Path) -> anyhow::Result<()> {
+    let Some(base) = node.embedder.clone() else {
+        return Ok(());
+    };
+    let other = std::sync::Arc::new(crate::nn::embed::Embedder::load(
+        "compare",
+        file,
+        node.config.local.threads,
+        base.window(),
+    )?);
+    let mut per_size = Vec::new();
+    for tokens in [16u32, 32, 64, 128] {
+        let text = "routing ".repeat(tokens as usize - 2);
+        let (mut base_times, mut other_times) = (Vec::new(), Vec::new());
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for _ in 0..=RUNS {
+            let started = Instant::now();
+            a = base.embed(&text, None)?.vector;
+            base_times.push(started.elapsed());
+            let started = Instant::now();
+            b = other.embed(&text, None)?.vector;
+            other_times.push(started.elapsed());
+        }
+        // The first call of each warms up.
+        let (base_p, other_p) = (
+            Spread::of(base_times.split_off(1)),
+            Spread::of(other_times.split_off(1)),
+        );
+        per_size.push(format!(
+            "{tokens} tokens p50 {:.1} ms vs {:.1} ms (ratio {:.3}), cosine {:.6}",
+            base_p.p50 / 1e3,
+            other_p.p50 / 1e3,
+            other_p.p50 / base_p.p50,
+            cosine(&a, &b)
+        ));
+    }
+    println!(
+        "  {} against {}: {}",
+        file.display(),
+        base.name,
+        per_size.join("; ")
+    );
+    Ok(())
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| f64::from(*x) * f64::from(*y))
+        .sum();
+    let norm = |v: &[f32]| v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+    dot / (norm(a) * norm(b))
+}
+
 async fn time_route(
     version: &crate::policy::PolicyVersion,
     features: &edgeroute_core::Features,

@@ -111,6 +111,11 @@ pub struct Options {
     /// .wasm): its route call is timed on features with an embedding.
     #[arg(long)]
     pub embedding_policy: Option<std::path::PathBuf>,
+    /// A second embedding model file (e.g. the same encoder's weights as
+    /// Q8_0, `scripts/requantize-model.py`) timed against the configured
+    /// one, alternating, with the cosine between their vectors.
+    #[arg(long)]
+    pub embedding_compare: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub chain: chain::ChainOptions,
 }
@@ -354,7 +359,11 @@ pub async fn run(mut config: Config, options: Options) -> anyhow::Result<()> {
             options.embedding_policy.as_deref(),
             options.policy_calls,
         )
-        .await;
+        .await
+        .and(match &options.embedding_compare {
+            Some(file) => embedding::compare(&node, file),
+            None => Ok(()),
+        });
     }
     if options.observability_only {
         let (calls, _) = policy_route(&node, options.policy_calls).await?;

@@ -69,9 +69,10 @@ pub struct FleetConfig {
     #[serde(default = "FleetConfig::default_session_bound_ms")]
     pub session_bound_ms: u32,
     /// How the peer is picked: `load-aware` (the power of two choices over
-    /// estimated waits that fit the budget, sessions to their home), or
-    /// `random` (any live peer, blind to load: the baseline `edgeroute
-    /// bench --fleet-loopback` compares against).
+    /// estimated waits that fit the budget, sessions to their home),
+    /// `random` (any live peer, blind to load and budget) or
+    /// `random-within-budget` (a random peer, only if its wait fits): the
+    /// baselines `edgeroute bench --fleet-loopback` compares against.
     #[serde(default)]
     pub choice: PeerChoice,
     /// The token itself, for nodes a program starts in-process (`edgeroute
@@ -86,6 +87,10 @@ pub enum PeerChoice {
     #[default]
     LoadAware,
     Random,
+    /// A random peer, kept only when its estimated wait fits the
+    /// request's budget (else none): the baseline that keeps budgets as
+    /// load-aware placement does, without choosing by load.
+    RandomWithinBudget,
 }
 
 #[derive(Debug, Clone, Deserialize)]

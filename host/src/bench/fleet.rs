@@ -43,16 +43,24 @@ pub(super) enum Mode {
     Isolated,
     RandomPeer,
     LoadAware,
+    /// A random peer, taken only when its estimated wait fits the budget.
+    RandomWithinBudget,
 }
 
 impl Mode {
-    pub(super) const ALL: [Mode; 3] = [Mode::Isolated, Mode::RandomPeer, Mode::LoadAware];
+    pub(super) const ALL: [Mode; 4] = [
+        Mode::Isolated,
+        Mode::RandomPeer,
+        Mode::LoadAware,
+        Mode::RandomWithinBudget,
+    ];
 
     pub(super) fn name(self) -> &'static str {
         match self {
             Mode::Isolated => "isolated",
             Mode::RandomPeer => "random peer",
             Mode::LoadAware => "load-aware",
+            Mode::RandomWithinBudget => "random within budget",
         }
     }
 
@@ -61,6 +69,7 @@ impl Mode {
             Mode::Isolated => "isolated",
             Mode::RandomPeer => "random",
             Mode::LoadAware => "load-aware",
+            Mode::RandomWithinBudget => "random-within-budget",
         }
     }
 }
@@ -344,25 +353,22 @@ impl Sim {
                 Some(if p >= node { p + 1 } else { p })
             }
             Mode::RandomPeer => None,
+            Mode::RandomWithinBudget if n > 1 => {
+                let p = self.rng.below(n - 1);
+                let p = if p >= node { p + 1 } else { p };
+                self.estimated_wait(node, p)
+                    .is_some_and(|wait| wait <= budget)
+                    .then_some(p)
+            }
+            Mode::RandomWithinBudget => None,
             Mode::LoadAware => {
                 let mut index = Vec::with_capacity(n);
                 let mut waits = Vec::with_capacity(n);
                 for p in (0..n).filter(|&p| p != node) {
-                    let (wait, depth, full) = self.reported(p);
-                    if full {
-                        continue;
+                    if let Some(wait) = self.estimated_wait(node, p) {
+                        index.push(p);
+                        waits.push(wait);
                     }
-                    // With live reports the peer's wait already counts
-                    // what this node sent it.
-                    let unreported = if self.s.stale_ms > 0.0 {
-                        self.unreported[node * n + p]
-                    } else {
-                        0
-                    };
-                    index.push(p);
-                    waits.push(fleet::estimated_wait_ms(
-                        wait, depth, unreported, SLOTS, SERVICE_MS,
-                    ));
                 }
                 let names: Vec<String> = index.iter().map(|p| p.to_string()).collect();
                 let candidates: Vec<Candidate> = names
@@ -378,6 +384,25 @@ impl Sim {
                 fleet::choose(&ask, &candidates, &mut |k| rng.below(k)).map(|i| index[i])
             }
         }
+    }
+
+    /// Peer `p`'s wait as `node` estimates it from `p`'s last report (none
+    /// when the report says it is full).
+    fn estimated_wait(&self, node: usize, p: usize) -> Option<f64> {
+        let (wait, depth, full) = self.reported(p);
+        if full {
+            return None;
+        }
+        // With live reports the peer's wait already counts what this node
+        // sent it.
+        let unreported = if self.s.stale_ms > 0.0 {
+            self.unreported[node * self.s.nodes + p]
+        } else {
+            0
+        };
+        Some(fleet::estimated_wait_ms(
+            wait, depth, unreported, SLOTS, SERVICE_MS,
+        ))
     }
 
     fn reach_peer(&mut self, origin: usize, peer: usize, arrived: f64, after: u64) {
@@ -456,7 +481,7 @@ fn simulate(s: Scenario, mode: Mode) -> Result {
 }
 
 /// One table row per scenario: spillover of each mode and the reductions.
-fn row(label: &str, s: Scenario) -> [f64; 3] {
+fn row(label: &str, s: Scenario) -> [f64; 4] {
     let mut results: Vec<Result> = Mode::ALL.iter().map(|&m| simulate(s, m)).collect();
     let spill: Vec<f64> = results.iter().map(Result::spill).collect();
     let cut = |base: f64, x: f64| {
@@ -469,21 +494,23 @@ fn row(label: &str, s: Scenario) -> [f64; 3] {
     let aware = &mut results[2];
     let (p50, p99) = (aware.percentile(0.5), aware.percentile(0.99));
     println!(
-        "| {label} | {:.1} % | {:.1} % | {:.1} % | {:.0} % | {:.0} % | {:.1} / {:.1} s | {:.1} % | {:.2} % |",
+        "| {label} | {:.1} % | {:.1} % | {:.1} % | {:.1} % | {:.0} % | {:.0} % | {:.0} % | {:.1} / {:.1} s | {:.1} % | {:.2} % |",
         100.0 * spill[0],
         100.0 * spill[1],
+        100.0 * spill[3],
         100.0 * spill[2],
         cut(spill[0], spill[2]),
         cut(spill[1], spill[2]),
+        cut(spill[3], spill[2]),
         p50 / 1e3,
         p99 / 1e3,
         100.0 * aware.forwarded as f64 / aware.arrivals.max(1) as f64,
         100.0 * aware.refused as f64 / aware.arrivals.max(1) as f64,
     );
-    [spill[0], spill[1], spill[2]]
+    [spill[0], spill[1], spill[2], spill[3]]
 }
 
-const HEADER: &str = "| scenario | isolated | random peer | load-aware | vs isolated | vs random | load-aware p50 / p99 | forwarded | restricted refused |\n|---|---|---|---|---|---|---|---|---|";
+const HEADER: &str = "| scenario | isolated | random peer | random within budget | load-aware | vs isolated | vs random | vs random within budget | load-aware p50 / p99 | forwarded | restricted refused |\n|---|---|---|---|---|---|---|---|---|---|---|";
 
 pub fn run(plot: Option<&Path>, requests: usize) -> anyhow::Result<()> {
     let base = Scenario {
@@ -501,7 +528,7 @@ pub fn run(plot: Option<&Path>, requests: usize) -> anyhow::Result<()> {
         "\nSpillover by fleet size and utilisation (reports up to one generation stale, budget two generations):\n\n{HEADER}"
     );
     let utilisations = [0.5, 0.6, 0.7, 0.8, 0.9, 0.95];
-    let mut curves: Vec<[f64; 3]> = Vec::new();
+    let mut curves: Vec<[f64; 4]> = Vec::new();
     for nodes in [3, 30, 300] {
         for &u in &utilisations {
             let s = Scenario {
@@ -534,7 +561,7 @@ pub fn run(plot: Option<&Path>, requests: usize) -> anyhow::Result<()> {
     decision_cost()?;
     if let Some(path) = plot {
         let x: Vec<f64> = utilisations.iter().map(|u| u * 100.0).collect();
-        let colours = [svg::REFUSED, svg::ESCALATED, svg::LOCAL];
+        let colours = [svg::REFUSED, svg::ESCALATED, svg::LOCAL, svg::CLOUD];
         let series: Vec<Series> = Mode::ALL
             .iter()
             .enumerate()

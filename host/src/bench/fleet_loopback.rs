@@ -129,11 +129,8 @@ impl Fleet {
             std::fs::create_dir_all(&state)?;
             config.node.state_dir = Some(state.clone());
             if let Some(redis) = redis {
-                let choice = if mode == Mode::RandomPeer {
-                    "random"
-                } else {
-                    "load-aware"
-                };
+                // The mode's slug is the node's `[fleet] choice`.
+                let choice = mode.slug();
                 let mut f: crate::config::FleetConfig = toml::from_str(&format!(
                     "node = \"{name}\"\nredis = \"{redis}\"\nreport_ms = {report_ms}\nstale_ms = {}\nchoice = \"{choice}\"\n",
                     3 * report_ms
@@ -452,15 +449,22 @@ pub async fn run(config: Config, requests: usize) -> anyhow::Result<()> {
         RESTRICTED * 100.0
     );
     println!(
-        "\n| fleet | cloud spillover | vs isolated | vs random | p50 / p99 to first token | first token over budget | p50 / p99 whole answer | forwarded | restricted refused | errors |\n|---|---|---|---|---|---|---|---|---|---|"
+        "\n| fleet | cloud spillover | load-aware's is lower by | p50 / p99 to first token | first token over budget | p50 / p99 whole answer | forwarded | restricted refused | errors |\n|---|---|---|---|---|---|---|---|---|"
     );
-    let mut spills = Vec::new();
+    let mut tallies = Vec::new();
     for mode in Mode::ALL {
         let tally = run_mode(&base, mode, &arrivals, warmup, budget_ms, report_ms, &cloud).await?;
-        spills.push(tally.spill());
+        tallies.push((mode, tally));
+    }
+    let aware = tallies
+        .iter()
+        .find(|(m, _)| *m == Mode::LoadAware)
+        .map_or(0.0, |(_, t)| t.spill());
+    for (mode, tally) in &tallies {
+        let mode = *mode;
         let cut = |base: f64| {
             if base > 0.0 {
-                format!("{:.0} %", 100.0 * (1.0 - tally.spill() / base))
+                format!("{:.0} %", 100.0 * (1.0 - aware / base))
             } else {
                 "–".into()
             }
@@ -473,20 +477,15 @@ pub async fn run(config: Config, requests: usize) -> anyhow::Result<()> {
             format!("{:.0} / {:.0} ms", s.p50 / 1e3, s.p99 / 1e3)
         };
         println!(
-            "| {} | {:.1} % ({} of {}) | {} | {} | {} | {:.1} % | {} | {:.1} % | {:.1} % | {} |",
+            "| {} | {:.1} % ({} of {}) | {} | {} | {:.1} % | {} | {:.1} % | {:.1} % | {} |",
             mode.name(),
             100.0 * tally.spill(),
             tally.spilled,
             tally.public,
-            if mode == Mode::Isolated {
-                "–".into()
-            } else {
-                cut(spills[0])
-            },
             if mode == Mode::LoadAware {
-                cut(spills[1])
-            } else {
                 "–".into()
+            } else {
+                cut(tally.spill())
             },
             ms(&tally.ttft),
             100.0 * tally.late as f64 / tally.ttft.len().max(1) as f64,

@@ -335,8 +335,14 @@ impl Fleet {
         let home = fleet::session_home(&ask, &candidates);
         let pick = match self.config.choice {
             PeerChoice::LoadAware => fleet::choose(&ask, &candidates, &mut |n| self.random(n)),
-            PeerChoice::Random if candidates.is_empty() => None,
+            PeerChoice::Random | PeerChoice::RandomWithinBudget if candidates.is_empty() => None,
             PeerChoice::Random => Some(self.random(candidates.len())),
+            PeerChoice::RandomWithinBudget => {
+                let i = self.random(candidates.len());
+                ask.budget_ms
+                    .is_none_or(|budget| candidates[i].wait_ms <= budget)
+                    .then_some(i)
+            }
         };
         let pick = pick.map(|i| candidates[i].name.to_string());
         drop(candidates);
@@ -451,6 +457,43 @@ mod tests {
             .filter_map(|_| fleet.candidates(&public, None, None).pick)
             .collect();
         assert_eq!(picks.len(), 2, "{picks:?}");
+    }
+
+    /// The budget-keeping baseline picks at random and keeps the pick only
+    /// when its wait fits: a busy peer is sometimes drawn and then none is
+    /// taken, though an idle one was there (what load-aware avoids).
+    #[test]
+    fn a_random_pick_within_budget_is_dropped_when_its_wait_does_not_fit() {
+        let fleet = fleet("random-within-budget");
+        fleet.accept(report("idle", "site-a", 1));
+        let mut busy = report("busy", "site-a", 1);
+        busy.wait_ms = 60_000;
+        busy.queue = 8;
+        fleet.accept(busy);
+        let public = Facts::of_level(Sensitivity::Public, true);
+        let picks: Vec<Option<String>> = (0..200)
+            .map(|_| fleet.candidates(&public, Some(5_000), None).pick)
+            .collect();
+        assert!(
+            picks.iter().all(|p| p.as_deref() != Some("busy")),
+            "{picks:?}"
+        );
+        assert!(picks.iter().any(|p| p.as_deref() == Some("idle")));
+        assert!(picks.iter().any(Option::is_none));
+        // Without a budget any pick is kept.
+        assert!((0..50).all(|_| fleet.candidates(&public, None, None).pick.is_some()));
+        // Load-aware takes the idle one every time.
+        let aware = self::fleet("load-aware");
+        aware.accept(report("idle", "site-a", 1));
+        let mut busy = report("busy", "site-a", 1);
+        busy.wait_ms = 60_000;
+        busy.queue = 8;
+        aware.accept(busy);
+        assert!(
+            (0..50).all(
+                |_| aware.candidates(&public, Some(5_000), None).pick.as_deref() == Some("idle")
+            )
+        );
     }
 
     /// A request sent since the peer's last report adds its queueing to

@@ -135,6 +135,13 @@ pub struct Ask<'a> {
     pub session_bound_ms: f64,
 }
 
+impl Ask<'_> {
+    /// Whether a peer with this wait may take the request (no budget: any).
+    pub fn fits(&self, wait_ms: f64) -> bool {
+        self.budget_ms.is_none_or(|b| wait_ms <= b)
+    }
+}
+
 /// The peer a request should go to, if it leaves this node for the fleet:
 /// its session's home when that is a candidate and not overloaded, else
 /// the power-of-two choice among the peers whose wait fits the budget.
@@ -143,7 +150,7 @@ pub fn choose(
     candidates: &[Candidate],
     random: &mut impl FnMut(usize) -> usize,
 ) -> Option<usize> {
-    let fits = |c: &Candidate| ask.budget_ms.is_none_or(|b| c.wait_ms <= b);
+    let fits = |c: &Candidate| ask.fits(c.wait_ms);
     if let Some(home) = session_home(ask, candidates)
         && fits(&candidates[home])
         && candidates[home].wait_ms <= ask.session_bound_ms

@@ -51,7 +51,7 @@ pub use browser::Browser;
 pub use cloud::{FAKE_RATE_LIMIT, FAKE_TOOL_ARGUMENTS, FAKE_TOOL_CALL_ID, FakeCloud, Recorded};
 pub use exclusive::{Exclusive, exclusive};
 pub use http::{post_json, post_raw_to};
-pub use names::unique;
+pub use names::{letters, unique};
 pub use node::{EMBEDDING_NAME, Edgeroute, Node, NodeBuilder};
 pub use redis::Redis;
 pub use resp::{Resp, StreamSummary};

@@ -20,8 +20,8 @@ pub fn unique(label: &str) -> String {
     )
 }
 
-/// `n` in base 26 with digits a..z.
-fn letters(mut n: u64) -> String {
+/// `n` in base 26 with digits a..z (the parts of a [`unique`] name).
+pub fn letters(mut n: u64) -> String {
     let mut out = Vec::new();
     loop {
         out.push(b'a' + (n % 26) as u8);

@@ -344,23 +344,21 @@ impl Sim {
 
     fn choose_peer(&mut self, node: usize) -> Option<usize> {
         let n = self.s.nodes;
-        let budget = self.s.budget_ms;
+        let ask = Ask {
+            budget_ms: Some(self.s.budget_ms),
+            ..Ask::default()
+        };
         match self.mode {
             Mode::Isolated => None,
+            Mode::RandomPeer | Mode::RandomWithinBudget if n < 2 => None,
             // Blind: any other node, whatever its load.
-            Mode::RandomPeer if n > 1 => {
-                let p = self.rng.below(n - 1);
-                Some(if p >= node { p + 1 } else { p })
-            }
-            Mode::RandomPeer => None,
-            Mode::RandomWithinBudget if n > 1 => {
-                let p = self.rng.below(n - 1);
-                let p = if p >= node { p + 1 } else { p };
+            Mode::RandomPeer => Some(self.random_other(node)),
+            Mode::RandomWithinBudget => {
+                let p = self.random_other(node);
                 self.estimated_wait(node, p)
-                    .is_some_and(|wait| wait <= budget)
+                    .is_some_and(|wait| ask.fits(wait))
                     .then_some(p)
             }
-            Mode::RandomWithinBudget => None,
             Mode::LoadAware => {
                 let mut index = Vec::with_capacity(n);
                 let mut waits = Vec::with_capacity(n);
@@ -376,14 +374,16 @@ impl Sim {
                     .zip(&waits)
                     .map(|(name, &wait_ms)| Candidate { name, wait_ms })
                     .collect();
-                let ask = Ask {
-                    budget_ms: Some(budget),
-                    ..Ask::default()
-                };
                 let rng = &mut self.rng;
                 fleet::choose(&ask, &candidates, &mut |k| rng.below(k)).map(|i| index[i])
             }
         }
+    }
+
+    /// A node other than `node`, uniformly.
+    fn random_other(&mut self, node: usize) -> usize {
+        let p = self.rng.below(self.s.nodes - 1);
+        if p >= node { p + 1 } else { p }
     }
 
     /// Peer `p`'s wait as `node` estimates it from `p`'s last report (none

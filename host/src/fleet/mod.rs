@@ -339,9 +339,7 @@ impl Fleet {
             PeerChoice::Random => Some(self.random(candidates.len())),
             PeerChoice::RandomWithinBudget => {
                 let i = self.random(candidates.len());
-                ask.budget_ms
-                    .is_none_or(|budget| candidates[i].wait_ms <= budget)
-                    .then_some(i)
+                ask.fits(candidates[i].wait_ms).then_some(i)
             }
         };
         let pick = pick.map(|i| candidates[i].name.to_string());
@@ -464,12 +462,17 @@ mod tests {
     /// taken, though an idle one was there (what load-aware avoids).
     #[test]
     fn a_random_pick_within_budget_is_dropped_when_its_wait_does_not_fit() {
-        let fleet = fleet("random-within-budget");
-        fleet.accept(report("idle", "site-a", 1));
-        let mut busy = report("busy", "site-a", 1);
-        busy.wait_ms = 60_000;
-        busy.queue = 8;
-        fleet.accept(busy);
+        // An idle peer, and one whose wait is far over a 5 s budget.
+        let with_peers = |choice: &str| {
+            let fleet = fleet(choice);
+            fleet.accept(report("idle", "site-a", 1));
+            let mut busy = report("busy", "site-a", 1);
+            busy.wait_ms = 60_000;
+            busy.queue = 8;
+            fleet.accept(busy);
+            fleet
+        };
+        let fleet = with_peers("random-within-budget");
         let public = Facts::of_level(Sensitivity::Public, true);
         let picks: Vec<Option<String>> = (0..200)
             .map(|_| fleet.candidates(&public, Some(5_000), None).pick)
@@ -483,12 +486,7 @@ mod tests {
         // Without a budget any pick is kept.
         assert!((0..50).all(|_| fleet.candidates(&public, None, None).pick.is_some()));
         // Load-aware takes the idle one every time.
-        let aware = self::fleet("load-aware");
-        aware.accept(report("idle", "site-a", 1));
-        let mut busy = report("busy", "site-a", 1);
-        busy.wait_ms = 60_000;
-        busy.queue = 8;
-        aware.accept(busy);
+        let aware = with_peers("load-aware");
         assert!(
             (0..50).all(
                 |_| aware.candidates(&public, Some(5_000), None).pick.as_deref() == Some("idle")

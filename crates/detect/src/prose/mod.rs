@@ -187,17 +187,7 @@ mod tests {
     #[test]
     fn the_end_to_end_prompt_is_found_whatever_its_canary() {
         let threshold = crate::Settings::default().prose_classifier_threshold;
-        let letters = |mut n: u64| {
-            let mut out = Vec::new();
-            loop {
-                out.push(b'a' + (n % 26) as u8);
-                n /= 26;
-                if n == 0 {
-                    break;
-                }
-            }
-            String::from_utf8(out).unwrap()
-        };
+        let letters = edgeroute_testkit::letters;
         let mut seed = 0x2545_F491_4F6C_DD1D_u64;
         let mut lowest = f32::INFINITY;
         for n in 0..500 {

@@ -17,7 +17,11 @@ mod train;
 use std::path::Path;
 
 fn main() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("prose-train");
+    // Read when the script runs, not baked in when it is compiled: a target
+    // folder shared by several checkouts reuses this script's binary, and a
+    // compiled-in path would train on (or fail to find) another checkout.
+    let dir = Path::new(&std::env::var_os("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"))
+        .join("prose-train");
     println!("cargo::rerun-if-changed={}", dir.display());
     let mut files: Vec<_> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))

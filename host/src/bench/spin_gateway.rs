@@ -2,10 +2,11 @@
 //! same pooled client in the same run:
 //!
 //! - the gateway (`spin.toml` at the root): a chat request sent to the
-//!   node directly, and through the gateway (Spin's HTTP trigger, a fresh
-//!   instance of the gateway and the policy per request, detection, the
-//!   guard, Spin's outbound HTTP to the node) which places it locally;
-//!   non-streaming latency and streaming time to first byte;
+//!   node directly, and through the gateway (Spin's HTTP trigger, an
+//!   instance of the gateway and the policy, detection, the guard, Spin's
+//!   outbound HTTP to the node) which places it locally; non-streaming
+//!   latency and streaming time to first byte; once with Spin's own
+//!   instance reuse and once with `runtime-config/spin-up.args`;
 //! - a Spin app's `llm::infer` (`examples/spin-sample`, when built): its
 //!   `/infer` against the node's own chat endpoint with the same prompt.
 //!
@@ -45,6 +46,7 @@ impl SpinUp {
         manifest: &Path,
         runtime_config: &Path,
         env: &[(&str, String)],
+        flags: &[String],
     ) -> anyhow::Result<Self> {
         use std::os::unix::process::CommandExt;
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
@@ -56,6 +58,7 @@ impl SpinUp {
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .arg("--runtime-config-file")
             .arg(runtime_config)
+            .args(flags)
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -120,6 +123,18 @@ fn spin_cli() -> anyhow::Result<PathBuf> {
         "no Spin CLI: set SPIN to it or put `spin` on the PATH \
          (./dev spin unpacks Spin 4.0.2 to $CARGO_TARGET_DIR/spin-4.0.2)"
     )
+}
+
+/// The flags in `runtime-config/spin-up.args` (`#` starts a comment line).
+fn spin_up_flags(path: &Path) -> anyhow::Result<Vec<String>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(text
+        .lines()
+        .filter(|line| !line.trim_start().starts_with('#'))
+        .flat_map(str::split_whitespace)
+        .map(String::from)
+        .collect())
 }
 
 fn built(path: &Path, how: &str) -> anyhow::Result<()> {
@@ -202,17 +217,8 @@ pub async fn run(mut config: Config, requests: u32) -> anyhow::Result<()> {
     serve_on(listener, &node, std::future::pending());
 
     let runtime_config = root.join("runtime-config/spin-runtime-config.toml");
-    let gateway = tokio::task::block_in_place(|| {
-        SpinUp::start(
-            &spin,
-            &root.join("spin.toml"),
-            &runtime_config,
-            &[
-                ("SPIN_VARIABLE_NODE_URL", node_url.clone()),
-                ("SPIN_VARIABLE_LOCAL_MODELS", local.clone()),
-            ],
-        )
-    })?;
+    let flags_file = root.join("runtime-config/spin-up.args");
+    let flags = spin_up_flags(&flags_file)?;
     let client = reqwest::Client::new();
     let chat = |stream: bool| {
         json!({"model": "auto", "max_tokens": 1, "stream": stream,
@@ -223,26 +229,45 @@ pub async fn run(mut config: Config, requests: u32) -> anyhow::Result<()> {
         "what Spin adds in front of the node: {requests} requests each way, alternating, one pooled client; the node in this process on the paced TEST backend at 1e9 tokens/s (1 token), the gateway under `spin up`"
     );
     let direct = format!("{node_url}/v1/chat/completions");
-    let through = format!("{}/v1/chat/completions", gateway.url);
-    for stream in [false, true] {
-        let body = chat(stream);
-        let (timings, steps) = pairs(
-            &client,
-            (&direct, &body),
-            (&through, &body),
-            requests,
-            stream,
-        )
-        .await?;
-        let what = if stream {
-            "streaming, time to first byte"
-        } else {
-            "non-streaming, whole answer"
-        };
-        report(what, timings, "through the Spin gateway");
-        report_steps("the gateway's", &steps);
+    // Spin's own instance reuse first (a fresh instance every 128
+    // requests), then the flags `./dev spin` runs the gateway with.
+    for (how, flags) in [
+        ("Spin's default instance reuse".to_string(), Vec::new()),
+        (format!("runtime-config/spin-up.args ({})", flags.join(" ")), flags),
+    ] {
+        println!(" the gateway with {how}");
+        let gateway = tokio::task::block_in_place(|| {
+            SpinUp::start(
+                &spin,
+                &root.join("spin.toml"),
+                &runtime_config,
+                &[
+                    ("SPIN_VARIABLE_NODE_URL", node_url.clone()),
+                    ("SPIN_VARIABLE_LOCAL_MODELS", local.clone()),
+                ],
+                &flags,
+            )
+        })?;
+        let through = format!("{}/v1/chat/completions", gateway.url);
+        for stream in [false, true] {
+            let body = chat(stream);
+            let (timings, steps) = pairs(
+                &client,
+                (&direct, &body),
+                (&through, &body),
+                requests,
+                stream,
+            )
+            .await?;
+            let what = if stream {
+                "streaming, time to first byte"
+            } else {
+                "non-streaming, whole answer"
+            };
+            report(what, timings, "through the Spin gateway");
+            report_steps("the gateway's", &steps);
+        }
     }
-    drop(gateway);
 
     let sample = root.join("examples/spin-sample");
     if built(&sample.join("target-wasm/spin_sample.wasm"), "").is_err() {
@@ -260,7 +285,7 @@ pub async fn run(mut config: Config, requests: u32) -> anyhow::Result<()> {
         ),
     )?;
     let app = tokio::task::block_in_place(|| {
-        SpinUp::start(&spin, &sample.join("spin.toml"), &config, &[])
+        SpinUp::start(&spin, &sample.join("spin.toml"), &config, &[], &[])
     });
     let _ = std::fs::remove_file(&config);
     let app = app?;

@@ -117,16 +117,19 @@ impl SpinApp {
             Path::new(&format!("{SAMPLE}/spin.toml")),
             &config,
             &[],
+            &[],
         )
     }
 
     /// `spin up -f manifest` on a free port, with `runtime_config` (its
-    /// text) and `env` (`SPIN_VARIABLE_*`), once it says it is serving.
+    /// text), `env` (`SPIN_VARIABLE_*`) and more `flags`, once it says it
+    /// is serving.
     pub(crate) fn launch(
         spin: &Path,
         manifest: &Path,
         runtime_config: &str,
         env: &[(&str, String)],
+        flags: &[&str],
     ) -> SpinApp {
         use std::os::unix::process::CommandExt;
         let dir = tempfile::Builder::new()
@@ -151,6 +154,7 @@ impl SpinApp {
             .arg("--state-dir")
             .arg(&state)
             .arg("--disable-cache")
+            .args(flags)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .process_group(0)

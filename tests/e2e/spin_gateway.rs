@@ -84,7 +84,8 @@ fn node(cloud: &FakeCloud, policy: Option<&str>) -> (Node, Keys) {
 }
 
 /// The root app under `spin up` (a manifest, normally the root spin.toml)
-/// with the node, the cloud and the key as its variables.
+/// with the node, the cloud and the key as its variables and the flags of
+/// `runtime-config/spin-up.args`.
 fn gateway(
     spin: &Path,
     manifest: &Path,
@@ -104,11 +105,18 @@ fn gateway(
         ("SPIN_VARIABLE_UPSTREAM_KEY", upstream_key.to_string()),
     ];
     env.extend(variables.iter().cloned());
+    // Run as `./dev spin` runs it, so the flags are known to work.
+    let flags = std::fs::read_to_string(root("runtime-config/spin-up.args")).unwrap();
     SpinApp::launch(
         spin,
         manifest,
         &std::fs::read_to_string(root("runtime-config/spin-runtime-config.toml")).unwrap(),
         &env,
+        &flags
+            .lines()
+            .filter(|line| !line.trim_start().starts_with('#'))
+            .flat_map(str::split_whitespace)
+            .collect::<Vec<_>>(),
     )
 }
 

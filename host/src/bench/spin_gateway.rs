@@ -233,7 +233,10 @@ pub async fn run(mut config: Config, requests: u32) -> anyhow::Result<()> {
     // requests), then the flags `./dev spin` runs the gateway with.
     for (how, flags) in [
         ("Spin's default instance reuse".to_string(), Vec::new()),
-        (format!("runtime-config/spin-up.args ({})", flags.join(" ")), flags),
+        (
+            format!("runtime-config/spin-up.args ({})", flags.join(" ")),
+            flags,
+        ),
     ] {
         println!(" the gateway with {how}");
         let gateway = tokio::task::block_in_place(|| {

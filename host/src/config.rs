@@ -499,7 +499,9 @@ pub struct Limits {
     pub cloud_timeout_ms: u64,
     /// Largest policy component accepted by the admin API.
     pub max_component_bytes: usize,
-    /// Open client connections; beyond this new ones wait in the backlog.
+    /// Open client connections. At the cap a new one takes the place of
+    /// the one idle longest (no request in flight); when every one is
+    /// busy, new ones wait in the backlog.
     pub max_connections: usize,
     /// A connection whose request head is not complete in this time is
     /// closed (a client slow to send its headers cannot hold it).

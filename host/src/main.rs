@@ -4,7 +4,6 @@ use edgeroute::config::Config;
 use edgeroute::node::Node;
 use std::io::Write;
 use std::path::PathBuf;
-use std::time::Duration;
 
 #[derive(Parser)]
 #[command(
@@ -170,7 +169,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             let mut config = load_config(&node)?;
             // Before the models load, so a refusal comes in a moment.
-            let listener = tokio::net::TcpListener::bind(&listen)
+            let listener = edgeroute::serve::listen(&listen)
                 .await
                 .with_context(|| format!("cannot listen on {listen}"))?;
             let addr = listener.local_addr()?;
@@ -230,16 +229,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 );
                 edgeroute::fleet::sync::spawn(std::sync::Arc::downgrade(&node));
             }
-            let limits = &node.config.limits;
-            let serve_limits = edgeroute::serve::ServeLimits {
-                max_connections: limits.max_connections,
-                header_read_timeout: Duration::from_millis(limits.header_read_timeout_ms),
-                shutdown_grace: Duration::from_millis(limits.shutdown_grace_ms),
-            };
             edgeroute::serve::serve(
                 listener,
                 edgeroute::api::router(node.clone()),
-                serve_limits,
+                (&node.config.limits).into(),
                 shutdown(),
             )
             .await?;

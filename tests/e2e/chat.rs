@@ -1021,6 +1021,90 @@ fn a_body_that_stalls_gets_a_408_and_the_node_keeps_serving() {
     assert!(cloud.chat_requests().is_empty(), "{}", cloud.describe());
 }
 
+/// At the connection cap a new client takes the place of the one idle
+/// longest (silent, or stuck inside its request head), never of one whose
+/// answer is still being streamed. The header-read timeout is two minutes
+/// here, so only that rule can make room within the probe's ten seconds.
+#[test]
+fn at_the_connection_cap_idle_clients_make_room_and_busy_ones_are_kept() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::net::TcpStream;
+    use std::time::Duration;
+    let cloud = FakeCloud::start();
+    let node = EDGEROUTE
+        .node(&cloud)
+        .embedding(false)
+        .config_extra(
+            "[local.test_backend]\nprefill_tokens_per_s = 1000.0\ndecode_tokens_per_s = 20.0\n",
+        )
+        .limit("max_connections", 4)
+        .limit("header_read_timeout_ms", 120_000)
+        .start();
+    // A streamed local answer of 80 tokens at 20 a second: four seconds
+    // busy. Wait for its first event so it is in flight.
+    let streaming = node.open_chat(&json!({
+        "model": "auto", "stream": true, "max_tokens": 80,
+        "messages": [{"role": "user", "content": "Say hello."}],
+    }));
+    streaming
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut streaming = BufReader::new(streaming);
+    let mut line = String::new();
+    while !line.starts_with("data: ") {
+        line.clear();
+        assert!(
+            streaming.read_line(&mut line).unwrap() > 0,
+            "the stream ended early"
+        );
+    }
+    // Three times the cap in clients that hold a socket and send nothing
+    // or half a request head.
+    let holding: Vec<TcpStream> = (0..12)
+        .map(|i| {
+            let mut s = TcpStream::connect(node.addr()).unwrap();
+            if i % 2 == 0 {
+                s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+                    .unwrap();
+            }
+            s
+        })
+        .collect();
+    // A new client is still answered.
+    let mut probe = TcpStream::connect(node.addr()).unwrap();
+    probe
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    probe
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut answer = Vec::new();
+    let read = probe.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 200"),
+        "a new client at the cap must be answered while the others hold their sockets: {read:?} {answer}\n{}",
+        node.logs()
+    );
+    // The streamed answer was never taken for idle: it runs to its end.
+    let mut rest = String::new();
+    while !rest.contains("data: [DONE]") {
+        let read = streaming.read_line(&mut rest);
+        assert!(
+            read.as_ref().is_ok_and(|n| *n > 0),
+            "the streamed answer was cut: {read:?} after {rest}\n{}",
+            node.logs()
+        );
+    }
+    assert!(!rest.contains("\"error\""), "{rest}");
+    assert!(
+        node.logs().contains("closed the connection idle longest"),
+        "{}",
+        node.logs()
+    );
+    drop(holding);
+}
+
 #[test]
 fn slow_clients_cannot_hold_the_node_and_shutdown_has_a_deadline() {
     use std::io::{Read, Write};

@@ -85,7 +85,7 @@ fn direct(model: &Arc<LoadedModel>, topic: &str, max_tokens: u32) -> anyhow::Res
 }
 
 /// The process's resident set, from /proc (0 where there is none).
-fn rss_mib() -> f64 {
+pub(super) fn rss_mib() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
         .lines()

@@ -8,6 +8,7 @@
 
 mod batching;
 mod chain;
+mod connections;
 mod detection;
 mod embedding;
 mod fleet;
@@ -90,6 +91,15 @@ pub struct Options {
     /// Requests each way in `--spin-gateway`.
     #[arg(long, default_value_t = 500)]
     pub spin_requests: u32,
+    /// Only slow and idle clients: `/healthz` from a fresh connection
+    /// while `--connections` sockets sit open (half stuck in their request
+    /// head, half silent), against it with nothing else open. Needs no
+    /// model.
+    #[arg(long)]
+    pub connections_only: bool,
+    /// Sockets held open in `--connections-only`.
+    #[arg(long, default_value_t = 10_000)]
+    pub connections: usize,
     /// Run only the detection benchmark.
     #[arg(long)]
     pub detection_only: bool,
@@ -318,6 +328,9 @@ pub async fn run(mut config: Config, options: Options) -> anyhow::Result<()> {
     }
     if options.spin_gateway {
         return spin_gateway::run(config, options.spin_requests).await;
+    }
+    if options.connections_only {
+        return connections::run(config, options.connections).await;
     }
     if options.proxy_only {
         // Its own node, whose upstream is the benchmark's.

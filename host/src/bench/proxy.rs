@@ -161,15 +161,10 @@ pub(super) fn serve_on(
     node: &std::sync::Arc<Node>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
-    let limits = crate::serve::ServeLimits {
-        max_connections: 1024,
-        header_read_timeout: Duration::from_secs(10),
-        shutdown_grace: Duration::from_secs(1),
-    };
     tokio::spawn(crate::serve::serve(
         listener,
         crate::api::router(node.clone()),
-        limits,
+        (&node.config.limits).into(),
         shutdown,
     ));
 }

@@ -207,7 +207,9 @@ impl Open {
     }
 
     /// Close the connection with no request in flight that has been idle
-    /// longest, if there is one.
+    /// longest, if there is one. (A request that arrives on it in the
+    /// same instant is cut with it: the client sees its keep-alive
+    /// connection closed, as after any server's idle timeout.)
     fn close_idlest(&self) {
         let idlest = {
             let mut connections = self.lock();

@@ -1033,10 +1033,7 @@ fn at_the_connection_cap_idle_clients_make_room_and_busy_ones_are_kept() {
     let cloud = FakeCloud::start();
     let node = EDGEROUTE
         .node(&cloud)
-        .embedding(false)
-        .config_extra(
-            "[local.test_backend]\nprefill_tokens_per_s = 1000.0\ndecode_tokens_per_s = 20.0\n",
-        )
+        .paced(1000.0, 20.0)
         .limit("max_connections", 4)
         .limit("header_read_timeout_ms", 120_000)
         .start();

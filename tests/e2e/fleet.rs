@@ -275,13 +275,7 @@ fn forwarding_is_authenticated_never_repeated_and_fails_cleanly() {
 #[test]
 fn the_paced_test_backend_streams_its_labelled_text_no_faster_than_its_pace() {
     let cloud = FakeCloud::start();
-    let node = EDGEROUTE
-        .node(&cloud)
-        .embedding(false)
-        .config_extra(
-            "[local.test_backend]\nprefill_tokens_per_s = 1000.0\ndecode_tokens_per_s = 40.0\n",
-        )
-        .start();
+    let node = EDGEROUTE.node(&cloud).paced(1000.0, 40.0).start();
     let health = node.get("/healthz").json();
     assert_eq!(
         health["local_backend"], "test (paced, no model)",

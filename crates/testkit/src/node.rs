@@ -197,6 +197,14 @@ impl NodeBuilder {
         self
     }
 
+    /// The paced test backend in place of the model (`[local.test_backend]`:
+    /// a fixed labelled text at these speeds), and no embedding model.
+    pub fn paced(self, prefill_tokens_per_s: f64, decode_tokens_per_s: f64) -> Self {
+        self.embedding(false).config_extra(&format!(
+            "[local.test_backend]\nprefill_tokens_per_s = {prefill_tokens_per_s:?}\ndecode_tokens_per_s = {decode_tokens_per_s:?}"
+        ))
+    }
+
     /// Whether the node has the embedding model (default: yes).
     pub fn embedding(mut self, on: bool) -> Self {
         self.embedding = on;

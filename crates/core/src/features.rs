@@ -61,7 +61,9 @@ pub struct Features {
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PeerFeature {
-    pub name: String,
+    /// Shared with the fleet's table: a decision over hundreds of peers
+    /// copies no names.
+    pub name: std::sync::Arc<str>,
     /// The host's estimate of a request's wait there: the peer's last
     /// report plus what this node sent it since.
     pub wait_ms: u32,

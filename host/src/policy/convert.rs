@@ -136,7 +136,7 @@ pub mod v2 {
                 .peers
                 .iter()
                 .map(|p| wit::Peer {
-                    name: p.name.clone(),
+                    name: p.name.to_string(),
                     wait_ms: p.wait_ms,
                     same_zone: p.same_zone,
                     session_home: p.session_home,

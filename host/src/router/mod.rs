@@ -441,7 +441,7 @@ impl Context {
         let peers: Vec<PeerView> = features
             .peers
             .iter()
-            .filter(|p| !self.tried_peers.contains(&p.name))
+            .filter(|p| !self.tried_peers.iter().any(|t| **t == *p.name))
             .map(|p| PeerView {
                 name: &p.name,
                 same_zone: p.same_zone,

@@ -49,7 +49,7 @@ fn random_peers(rng: &mut XorShift) -> Vec<edgeroute_core::PeerFeature> {
     for name in ["edge-2", "edge-3"] {
         if rng.below(2) == 0 {
             peers.push(edgeroute_core::PeerFeature {
-                name: name.to_string(),
+                name: name.into(),
                 wait_ms: rng.below(10_000) as u32,
                 same_zone: rng.below(2) == 0,
                 session_home: rng.below(4) == 0,
@@ -234,7 +234,7 @@ fn random_features(rng: &mut XorShift, targets: &Targets) -> Features {
     };
     // The cache never holds more than the prompt.
     features.cached_prefix_tokens = rng.below(features.prompt_tokens as u64 + 1) as u32;
-    features.peer_pick = features.peers.first().map(|p| p.name.clone());
+    features.peer_pick = features.peers.first().map(|p| p.name.to_string());
     features
 }
 
@@ -289,7 +289,7 @@ pub async fn check(
         let known_target = |t: &Target| match t {
             Target::Local(m) => targets.local.contains(m),
             Target::Cloud(u) => targets.cloud.contains(u),
-            Target::Peer(p) => f.peers.iter().any(|peer| &peer.name == p),
+            Target::Peer(p) => f.peers.iter().any(|peer| *peer.name == **p),
         };
         match choice {
             Choice::Run(t) => known_target(t),

@@ -4,7 +4,6 @@
 use crate::audit::AuditLog;
 use crate::config::Config;
 use crate::decisions::DecisionLog;
-use crate::detect::Detector;
 use crate::feedback::Recent;
 use crate::ledger::Ledger;
 use crate::metrics::Metrics;
@@ -30,7 +29,7 @@ pub struct Node {
     /// The sentence-embedding model, when one is configured and present.
     pub embedder: Option<Arc<Embedder>>,
     /// Sensitive-data detection: the built-in rules and the operator's.
-    pub detector: Detector,
+    pub detector: crate::detect::NodeDetector,
     pub ledger: Ledger,
     /// Request-path series for `GET /metrics`.
     pub metrics: Metrics,
@@ -165,7 +164,7 @@ impl Node {
             local,
             cloud,
             embedder,
-            detector: crate::detect::detector(&config.guard)?,
+            detector: crate::detect::NodeDetector::new(crate::detect::detector(&config.guard)?),
             ledger: Ledger::new(reference, Some(config.ledger.tasks.clone())),
             metrics: Metrics::default(),
             recent: Recent::default(),

@@ -81,7 +81,9 @@ pub fn read(
             &own
         };
         let texts = edgeroute_request::client_texts(&messages, tools_described_at);
-        collect::detected(&mut sensitivity, detector, texts, &metadata, &rest);
+        collect::detected(&mut sensitivity, detector, texts, &metadata, &rest, |text| {
+            detector.alone(text)
+        });
         timing.mark("detect");
     }
     let level = sensitivity.level();

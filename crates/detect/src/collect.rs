@@ -3,8 +3,8 @@
 //! found in any string of the request. The node's pipeline and the Spin
 //! gateway both collect through here, so they judge a request alike.
 
-use crate::Detector;
 use crate::body::{other_message_strings, strings};
+use crate::{Alone, Detector};
 use edgeroute_core::{Sensitivity, SensitivitySet, Source};
 use serde_json::{Map, Value};
 
@@ -44,12 +44,16 @@ pub fn declared(
 /// tool arguments and results, names and unknown fields are judged too,
 /// and so is the metadata's text (a client may put a customer's email in
 /// `metadata.user`).
+///
+/// Each text is judged alone by `alone`: [`Detector::alone`], or (the
+/// node) the same through its memory of clean texts seen before.
 pub fn detected<'a>(
     set: &mut SensitivitySet,
     detector: &Detector,
     messages: impl IntoIterator<Item = &'a str>,
     metadata: &Map<String, Value>,
     rest: &Map<String, Value>,
+    alone: impl FnMut(&str) -> Alone,
 ) {
     // Message text is in `messages` already: scanning it twice would let
     // the split-number check join a number with its own copy.
@@ -70,7 +74,7 @@ pub fn detected<'a>(
         .map(|text| -> &str { text })
         .chain(metadata.values().filter_map(|v| v.as_str()))
         .chain(others.iter().map(|s| s.as_ref()));
-    for kind in detector.scan(texts) {
+    for kind in detector.scan_each(texts.map(alone)) {
         set.add(Source::Detected(kind), Sensitivity::Restricted);
     }
 }
@@ -113,14 +117,20 @@ mod tests {
                 "tool_calls":[{"function":{"name":"pay","arguments":"{\"card\":\"4111 1111 1111 1111\"}"}}]}]}"#,
         );
         let mut set = SensitivitySet::new();
-        detected(&mut set, &detector, ["hello"], &Map::new(), &rest);
+        detected(&mut set, &detector, ["hello"], &Map::new(), &rest, |t| {
+            detector.alone(t)
+        });
         assert_eq!(set.level(), Sensitivity::Restricted);
         let mut set = SensitivitySet::new();
         let metadata = object(r#"{"user":"jane.doe@example.com"}"#);
-        detected(&mut set, &detector, ["hi"], &metadata, &Map::new());
+        detected(&mut set, &detector, ["hi"], &metadata, &Map::new(), |t| {
+            detector.alone(t)
+        });
         assert_eq!(set.detected().collect::<Vec<_>>(), vec!["email"]);
         let mut set = SensitivitySet::new();
-        detected(&mut set, &detector, ["hi"], &Map::new(), &Map::new());
+        detected(&mut set, &detector, ["hi"], &Map::new(), &Map::new(), |t| {
+            detector.alone(t)
+        });
         assert_eq!(set.level(), Sensitivity::Public);
     }
 }

@@ -29,6 +29,15 @@ use rules::{CONTEXT_CHARS, Rule};
 use serde::Deserialize;
 use std::collections::BTreeSet;
 
+/// A text judged by itself ([`Detector::alone`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Alone {
+    /// Normalised, the operator's allow list applied: what is joined.
+    pub prepared: String,
+    /// What it holds by itself, sorted; empty for a clean text.
+    pub kinds: Vec<&'static str>,
+}
+
 /// The kind prose detection reports.
 pub const CONFIDENTIAL: &str = "confidential";
 
@@ -122,16 +131,40 @@ impl Detector {
 
     /// The kinds found in these texts (each alone, and all joined), sorted.
     pub fn scan<'a>(&self, texts: impl IntoIterator<Item = &'a str>) -> Vec<&'static str> {
-        let texts: Vec<String> = texts.into_iter().map(|t| self.prepare(t)).collect();
+        self.scan_each(texts.into_iter().map(|text| self.alone(text)))
+    }
+
+    /// What `text` holds by itself: its prepared form and the kinds the
+    /// rules and the classifier find in it alone. A pure function of the
+    /// text (and this detector), so a caller may remember it for a text
+    /// that comes again, as an agent's tool schemas do on every call.
+    pub fn alone(&self, text: &str) -> Alone {
+        let prepared = self.prepare(text);
         let mut found = BTreeSet::new();
-        for text in &texts {
-            self.scan_one(text, &mut found);
-            // Each text alone: the classifier reads passages, and one
-            // spanning two turns is no more confidential than its parts.
-            if !found.contains(CONFIDENTIAL) && self.classifier_finds(text) {
-                found.insert(CONFIDENTIAL);
-            }
+        self.scan_one(&prepared, &mut found);
+        // Each text alone: the classifier reads passages, and one spanning
+        // two turns is no more confidential than its parts.
+        if !found.contains(CONFIDENTIAL) && self.classifier_finds(&prepared) {
+            found.insert(CONFIDENTIAL);
         }
+        Alone {
+            prepared,
+            kinds: found.into_iter().collect(),
+        }
+    }
+
+    /// [`Detector::scan`] of texts already judged alone (by
+    /// [`Detector::alone`], or remembered from it): their kinds, and what
+    /// only all of them joined hold.
+    pub fn scan_each(&self, texts: impl IntoIterator<Item = Alone>) -> Vec<&'static str> {
+        let mut found = BTreeSet::new();
+        let texts: Vec<String> = texts
+            .into_iter()
+            .map(|alone| {
+                found.extend(alone.kinds);
+                alone.prepared
+            })
+            .collect();
         if texts.len() > 1 {
             // A value split across turns: joined with a space, which every
             // number pattern takes as a separator.

@@ -1,17 +1,18 @@
 //! Detection on the labelled evaluation set: recall by kind, the share of
 //! sensitive prompts kept on the node, false positives on clean ones, and
-//! the time to scan a 4 KB prompt.
+//! the time to scan a 4 KB prompt and an agent's request with six tools.
 
 use super::Spread;
-use crate::detect::{Detector, eval};
+use crate::detect::{Detector, NodeDetector, eval};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-pub fn run(detector: &Detector, sets: &[PathBuf]) -> anyhow::Result<()> {
+pub fn run(detector: &NodeDetector, sets: &[PathBuf]) -> anyhow::Result<()> {
     for set in sets {
         score(detector, set)?;
     }
     scan_time(detector);
+    agent_time(detector);
     Ok(())
 }
 
@@ -95,5 +96,72 @@ fn scan_time(detector: &Detector) {
         prompt.len(),
         spread.p50,
         spread.p99
+    );
+}
+
+/// An agent's call: a system prompt, a question, and six tools' schemas
+/// (about a hundred short strings), judged as the node judges a request
+/// (`collect::detected`): every text alone, then all joined. Each text
+/// judged every time, against the node's memory of clean texts (the same
+/// request again, as an agent's next call sends its tools again),
+/// alternating.
+fn agent_time(detector: &NodeDetector) {
+    use edgeroute_detect::collect;
+    let tool = |name: &str| {
+        serde_json::json!({"type": "function", "function": {
+            "name": name,
+            "description": format!("Call {name} with the given arguments and return its result as JSON."),
+            "parameters": {"type": "object", "properties": {
+                "query": {"type": "string", "description": "What to look for, in plain words."},
+                "limit": {"type": "integer", "description": "At most this many results."},
+                "city": {"type": "string", "description": "A city name."}},
+                "required": ["query"]}}})
+    };
+    let tools: Vec<_> = [
+        "weather",
+        "search",
+        "calendar",
+        "email_send",
+        "files_read",
+        "http_get",
+    ]
+    .into_iter()
+    .map(tool)
+    .collect();
+    let body = serde_json::json!({"model": "auto", "tools": tools, "max_tokens": 64});
+    let rest = body.as_object().cloned().unwrap_or_default();
+    let messages = [
+        "You are a helpful agent. Use the tools when they help.",
+        "Look up the weather in Lyon and put a reminder in my calendar.",
+    ];
+    let metadata = serde_json::Map::new();
+    let (mut fresh, mut remembered) = (Vec::new(), Vec::new());
+    let (mut kinds_fresh, mut kinds_remembered) = (Vec::new(), Vec::new());
+    for i in 0..1000 {
+        let mut set = edgeroute_core::SensitivitySet::new();
+        let t = Instant::now();
+        if i % 2 == 0 {
+            collect::detected(&mut set, detector, messages, &metadata, &rest, |text| {
+                detector.alone(text)
+            });
+            fresh.push(t.elapsed());
+            kinds_fresh = set.detected().collect();
+        } else {
+            collect::detected(&mut set, detector, messages, &metadata, &rest, |text| {
+                detector.alone_in("bench", text)
+            });
+            remembered.push(t.elapsed());
+            kinds_remembered = set.detected().collect();
+        }
+    }
+    let (fresh, remembered) = (Spread::of(fresh), Spread::of(remembered));
+    println!(
+        "detection: an agent's request with six tools: every text judged p50 {:.0} µs, p99 {:.0} µs; clean texts remembered p50 {:.0} µs, p99 {:.0} µs (ratio p50 {:.2}); same findings: {}",
+        fresh.p50,
+        fresh.p99,
+        remembered.p50,
+        remembered.p99,
+        remembered.p50 / fresh.p50,
+        kinds_fresh == kinds_remembered
     );
 }

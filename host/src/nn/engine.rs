@@ -53,8 +53,9 @@ pub struct LoadedModel {
     /// Measured on every generation: context creation (the overhead),
     /// prefill and decode per token. The router's latency estimates.
     speed: Mutex<Speed>,
-    /// Tokens of recent chat pieces (system prompts, tool descriptions).
-    pieces: super::pieces::Pieces,
+    /// Tokens of recent chat pieces (system prompts, tool descriptions),
+    /// by their flags (`add_special`, `parse_special`).
+    pieces: crate::memo::Memo<(bool, bool), Vec<LlamaToken>>,
 }
 
 /// What a client may set per request.
@@ -92,7 +93,8 @@ impl LoadedModel {
             template,
             runtime,
             speed: Mutex::new(Speed::default()),
-            pieces: super::pieces::Pieces::new(),
+            // At most 256 × 16 KiB of text (and its tokens) held.
+            pieces: crate::memo::Memo::new(256, 16 * 1024),
         }))
     }
 
@@ -165,7 +167,7 @@ impl LoadedModel {
         let piece = |text: &str, flags: (bool, bool)| {
             let tokenize = || vocab.tokenize(text.as_bytes(), flags.0, flags.1);
             match tenant {
-                Some(tenant) => self.pieces.tokens(tenant, text, flags, tokenize),
+                Some(tenant) => self.pieces.get(tenant, text, flags, tokenize, |_| true),
                 None => tokenize(),
             }
         };

@@ -6,7 +6,6 @@ pub mod decoding;
 pub mod embed;
 pub mod engine;
 mod paced;
-mod pieces;
 pub mod prefix;
 pub mod scheduler;
 

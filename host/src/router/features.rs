@@ -9,7 +9,7 @@
 
 use super::request::{Invalid, Prepared};
 use crate::config::GuardConfig;
-use crate::detect::Detector;
+use crate::detect::NodeDetector;
 use crate::fleet::{Candidates, Fleet};
 use crate::nn::{CacheScope, Embedder, Tokenized};
 use crate::node::Node;
@@ -59,7 +59,7 @@ pub fn collect_sensitivity(
     request: &Prepared,
     signals: &Signals,
     guard: &GuardConfig,
-    detector: &Detector,
+    detector: &NodeDetector,
 ) -> SensitivitySet {
     let mut set = SensitivitySet::new();
     if let Some(tenant) = &signals.tenant
@@ -69,12 +69,20 @@ pub fn collect_sensitivity(
     }
     edgeroute_detect::collect::declared(&mut set, &signals.sensitivity, &request.metadata);
     if guard.detect_pii {
+        // Clean texts are remembered per tenant and declared level: a
+        // request declared public never hits on a restricted one's text.
+        let tenant = signals
+            .tenant
+            .as_ref()
+            .map_or(tenants::OPEN, |t| t.name.as_str());
+        let scope = format!("{tenant}\u{0}{}", set.level().name());
         edgeroute_detect::collect::detected(
             &mut set,
             detector,
             request.client_texts(),
             &request.metadata,
             &request.passthrough,
+            |text| detector.alone_in(&scope, text),
         );
     }
     set
@@ -127,7 +135,7 @@ fn latency_budget_ms(request: &Prepared, signals: &Signals) -> Option<u32> {
 /// The node parts features are measured from.
 pub struct Sources<'a> {
     pub guard: &'a GuardConfig,
-    pub detector: &'a Detector,
+    pub detector: &'a NodeDetector,
     pub local: &'a LocalTarget,
     pub cloud: &'a CloudTarget,
     pub fleet: Option<&'a Fleet>,
@@ -272,14 +280,14 @@ mod tests {
             ..Signals::default()
         };
         let guard = GuardConfig::default();
-        let detector = crate::detect::detector(&guard).unwrap();
+        let detector = NodeDetector::new(crate::detect::detector(&guard).unwrap());
         collect_sensitivity(&request(metadata), &signals, &guard, &detector).level()
     }
 
     #[test]
     fn text_in_tool_calls_and_unknown_fields_is_judged_too() {
         let guard = GuardConfig::default();
-        let detector = crate::detect::detector(&guard).unwrap();
+        let detector = NodeDetector::new(crate::detect::detector(&guard).unwrap());
         for body in [
             r#"{"model":"auto","messages":[{"role":"user","content":"go"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"pay","arguments":"{\"card\":\"4111 1111 1111 1111\"}"}}]}]}"#,
             r#"{"model":"auto","messages":[{"role":"user","content":"go"}],"user":"jane.doe@example.com"}"#,
@@ -299,7 +307,7 @@ mod tests {
         // Twice, "12345674" would join its own copy into a Luhn-valid
         // 16-digit number.
         let guard = GuardConfig::default();
-        let detector = crate::detect::detector(&guard).unwrap();
+        let detector = NodeDetector::new(crate::detect::detector(&guard).unwrap());
         let body = r#"{"model":"auto","messages":[{"role":"user","content":"Summarise ticket 12345674 for me."}]}"#;
         let request =
             super::super::request::parse(body.as_bytes(), &Limits::default(), "t".into(), 0)
@@ -313,7 +321,7 @@ mod tests {
         // The node's description of the tools repeats them in its own
         // words; detection skips that and reads the client's `tools`.
         let guard = GuardConfig::default();
-        let detector = crate::detect::detector(&guard).unwrap();
+        let detector = NodeDetector::new(crate::detect::detector(&guard).unwrap());
         let with_tool = |description: &str, system: bool| {
             let system = if system {
                 r#"{"role":"system","content":"be brief"},"#
@@ -356,7 +364,7 @@ mod tests {
             ..Signals::default()
         };
         let guard = GuardConfig::default();
-        let detector = crate::detect::detector(&guard).unwrap();
+        let detector = NodeDetector::new(crate::detect::detector(&guard).unwrap());
         let set = collect_sensitivity(
             &request(r#"{"sensitivity":"public"}"#),
             &signals,

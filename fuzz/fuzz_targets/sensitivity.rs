@@ -39,6 +39,7 @@ fn level(body: &Map<String, Value>, headers: &[Option<String>]) -> Option<Sensit
         messages.iter().map(|(_, t)| t.as_str()),
         &metadata,
         &rest,
+        |text| DETECTOR.alone(text),
     );
     Some(set.level())
 }

@@ -56,6 +56,8 @@ pub struct LoadedModel {
     /// Tokens of recent chat pieces (system prompts, tool descriptions),
     /// by their flags (`add_special`, `parse_special`).
     pieces: crate::memo::Memo<(bool, bool), Vec<LlamaToken>>,
+    /// The chat template rendered with placeholders, by sequence of roles.
+    renderings: crate::memo::Memo<(), Result<String, String>>,
 }
 
 /// What a client may set per request.
@@ -95,6 +97,8 @@ impl LoadedModel {
             speed: Mutex::new(Speed::default()),
             // At most 256 × 16 KiB of text (and its tokens) held.
             pieces: crate::memo::Memo::new(256, 16 * 1024),
+            // Sequences of up to about a hundred messages.
+            renderings: crate::memo::Memo::new(64, 1024),
         }))
     }
 
@@ -155,12 +159,28 @@ impl LoadedModel {
     ) -> anyhow::Result<Vec<LlamaToken>> {
         // Private-use characters: no template writes them.
         let mark = |i: usize| format!("\u{E000}edgeroute-message-{i}\u{E001}");
-        let placeholders: Vec<(String, String)> = messages
+        // The rendering depends on the roles alone (the contents are
+        // placeholders), and llama.cpp recognises the template from its
+        // source on every call: most requests repeat a few sequences of
+        // roles, so each is rendered once. Length-prefixed, so no two
+        // sequences share a key.
+        let roles: String = messages
             .iter()
-            .enumerate()
-            .map(|(i, (role, _))| (role.clone(), mark(i)))
+            .map(|(role, _)| format!("{}:{role}", role.len()))
             .collect();
-        let rendered = self.render_chat(&placeholders)?;
+        let render = || {
+            let placeholders: Vec<(String, String)> = messages
+                .iter()
+                .enumerate()
+                .map(|(i, (role, _))| (role.clone(), mark(i)))
+                .collect();
+            self.render_chat(&placeholders)
+                .map_err(|e| format!("{e:#}"))
+        };
+        let rendered = self
+            .renderings
+            .get("", &roles, (), render, Result::is_ok)
+            .map_err(anyhow::Error::msg)?;
         let vocab = self.model.vocab();
         // (add_special, parse_special): control tokens are parsed in the
         // template's text only, never in a message's.

@@ -93,43 +93,69 @@ impl<F: Hash + Eq + Copy, V: Clone, S: BuildHasher> Memo<F, V, S> {
         work: impl FnOnce() -> V,
         keep: impl FnOnce(&V) -> bool,
     ) -> V {
-        if text.len() > self.max_text_bytes {
-            return work();
-        }
-        let set = self.hasher.hash_one((scope, text, flags)) as usize % self.sets * WAYS;
-        let set = set..set + WAYS;
-        {
-            let mut slots = self.lock();
-            let now = slots.tick();
-            let hit = slots.entries[set.clone()]
-                .iter_mut()
-                .flatten()
-                .find(|e| e.flags == flags && *e.text == *text && *e.scope == *scope);
-            if let Some(entry) = hit {
-                entry.used = now;
-                return entry.value.clone();
-            }
+        if let Some(value) = self.lookup(scope, text, flags) {
+            return value;
         }
         // Worked on outside the lock: a long text must not hold up others.
         let value = work();
-        if !keep(&value) {
-            return value;
+        if keep(&value) {
+            self.insert(scope, text, flags, value.clone());
         }
+        value
+    }
+
+    /// The value kept for `text` under `flags` in `scope`, if any.
+    pub fn lookup(&self, scope: &str, text: &str, flags: F) -> Option<V> {
+        if text.len() > self.max_text_bytes {
+            return None;
+        }
+        let set = self.set(scope, text, flags);
         let mut slots = self.lock();
         let now = slots.tick();
-        // An empty slot, else the least recently used.
-        let victim = slots.entries[set]
+        let entry = slots.entries[set]
             .iter_mut()
-            .min_by_key(|slot| slot.as_ref().map_or(0, |e| e.used + 1))
-            .expect("a set has slots");
+            .flatten()
+            .find(|e| e.flags == flags && *e.text == *text && *e.scope == *scope)?;
+        entry.used = now;
+        Some(entry.value.clone())
+    }
+
+    /// Keep `value` for `text` under `flags` in `scope` (a text over the
+    /// size limit is not kept), in place of what its set used least
+    /// recently.
+    pub fn insert(&self, scope: &str, text: &str, flags: F, value: V) {
+        if text.len() > self.max_text_bytes {
+            return;
+        }
+        let set = self.set(scope, text, flags);
+        let mut slots = self.lock();
+        let now = slots.tick();
+        let set = &mut slots.entries[set];
+        // The same key (another request worked on it meanwhile), else an
+        // empty slot, else the least recently used.
+        let same = set.iter().position(|slot| {
+            slot.as_ref()
+                .is_some_and(|e| e.flags == flags && *e.text == *text && *e.scope == *scope)
+        });
+        let victim = match same {
+            Some(i) => &mut set[i],
+            None => set
+                .iter_mut()
+                .min_by_key(|slot| slot.as_ref().map_or(0, |e| e.used + 1))
+                .expect("a set has slots"),
+        };
         *victim = Some(Entry {
             scope: scope.into(),
             text: text.into(),
             flags,
-            value: value.clone(),
+            value,
             used: now,
         });
-        value
+    }
+
+    fn set(&self, scope: &str, text: &str, flags: F) -> std::ops::Range<usize> {
+        let first = self.hasher.hash_one((scope, text, flags)) as usize % self.sets * WAYS;
+        first..first + WAYS
     }
 
     /// Entries held (tests).

@@ -167,6 +167,12 @@ fn a_request_that_does_not_fit_the_kv_budget_waits_for_the_running_one() {
     let node = batched_node(&cloud, 2, 2048);
     // One finished generation, so the node knows how long one takes.
     assert_eq!(node.post_chat(greedy("Chile"), &[]).status, 200);
+    // Its sequence retires just after its answer is sent: until then it
+    // holds its cells, and the long request below would not fit (it went
+    // to the cloud once in CI, and `running == 1` below saw this one).
+    wait_for(&node, "the first answer's sequence retiring", |b| {
+        b["running"] == 0
+    });
     let first = start_long(&node, true);
     wait_for(&node, "the first generation starting", |b| {
         b["running"] == 1

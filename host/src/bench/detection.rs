@@ -147,9 +147,7 @@ fn agent_time(detector: &NodeDetector) {
             fresh.push(t.elapsed());
             kinds_fresh = set.detected().collect();
         } else {
-            collect::detected(&mut set, detector, messages, &metadata, &rest, |text| {
-                detector.alone_in("bench", text)
-            });
+            detector.detected(&mut set, "bench", messages, &metadata, &rest);
             remembered.push(t.elapsed());
             kinds_remembered = set.detected().collect();
         }

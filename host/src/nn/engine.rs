@@ -179,7 +179,7 @@ impl LoadedModel {
         };
         let rendered = self
             .renderings
-            .get("", &roles, (), render, Result::is_ok)
+            .get(tenant.unwrap_or(""), &roles, (), render, Result::is_ok)
             .map_err(anyhow::Error::msg)?;
         let vocab = self.model.vocab();
         // (add_special, parse_special): control tokens are parsed in the

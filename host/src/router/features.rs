@@ -76,13 +76,12 @@ pub fn collect_sensitivity(
             .as_ref()
             .map_or(tenants::OPEN, |t| t.name.as_str());
         let scope = format!("{tenant}\u{0}{}", set.level().name());
-        edgeroute_detect::collect::detected(
+        detector.detected(
             &mut set,
-            detector,
+            &scope,
             request.client_texts(),
             &request.metadata,
             &request.passthrough,
-            |text| detector.alone_in(&scope, text),
         );
     }
     set

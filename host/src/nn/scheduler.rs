@@ -607,25 +607,34 @@ impl Batcher<'_> {
             let (step, next) = running.sampled.next(context, index, &self.model.model);
             running.next = next;
             let finished = step.finish.is_some();
-            let delivered = running
-                .events
-                .send(Event::Token {
-                    step,
-                    completion_tokens: running.sampled.completion_tokens,
-                    confidence: running.sampled.confidence,
-                })
-                .is_ok();
-            if !finished && delivered {
-                i += 1;
+            let event = Event::Token {
+                step,
+                completion_tokens: running.sampled.completion_tokens,
+                confidence: running.sampled.confidence,
+            };
+            if !finished {
+                if running.events.send(event).is_ok() {
+                    i += 1;
+                } else {
+                    // The caller went away: its cells go.
+                    let running = self.running.remove(i);
+                    self.release(context, running.seq);
+                }
                 continue;
             }
+            // Out of the batch, and the counts the router reads updated,
+            // before the caller hears of the last token: a request that
+            // comes right after the answer must not find these cells still
+            // reserved (it would spill to the cloud; seen in CI).
             let running = self.running.remove(i);
             match running.scope {
-                Some(scope) if delivered => {
+                Some(scope) => {
                     self.keep_idle(context, Idle::new(running.seq, running.history, scope))
                 }
-                _ => self.release(context, running.seq),
+                None => self.release(context, running.seq),
             }
+            self.publish();
+            let _ = running.events.send(event);
         }
         self.publish();
     }

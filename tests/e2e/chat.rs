@@ -943,6 +943,35 @@ fn what_people_paste_stays_local_and_the_reason_says_what_was_found() {
     );
     assert_cloud_completion(&resp, "clean prompt (control)");
     cloud.assert_received(&canary, 1);
+    // The node remembers the texts of clean requests (detection's memory),
+    // never what they make together: a half sent in a clean request, and
+    // so remembered, still completes a card with the other half.
+    let half = "and ends 1111 1111";
+    let resp = node.post_chat(
+        json!({"model": "auto", "max_tokens": 4, "messages": [user(half.to_string()), {"role": "assistant", "content": "Go on."}]}),
+        &[],
+    );
+    assert_cloud_completion(&resp, "a clean half");
+    let canary = unique("canary-halves");
+    let resp = node.post_chat(
+        json!({"model": "auto", "max_tokens": 4, "messages": [
+            user(format!("{canary} my card starts 4111 1111")),
+            {"role": "assistant", "content": "Go on."},
+            user(half.to_string()),
+        ]}),
+        &[],
+    );
+    assert_eq!(resp.target(), Some(local_target().as_str()), "{resp:?}");
+    assert!(
+        resp.reason().is_some_and(|r| r.contains("payment-card")),
+        "{resp:?}"
+    );
+    // (The clean half itself went out, as it should.)
+    assert!(
+        cloud.requests_mentioning(&canary).is_empty(),
+        "a card completed by a remembered half: {}",
+        cloud.describe()
+    );
 }
 
 /// Confidential prose in words no list holds ("expecting", "hasn't told

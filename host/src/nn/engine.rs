@@ -148,7 +148,7 @@ impl LoadedModel {
         messages: &[(String, String)],
         scope: &super::prefix::CacheScope,
     ) -> anyhow::Result<Vec<LlamaToken>> {
-        let scope = format!("{}\u{1f}{}", scope.tenant, scope.level);
+        let scope = crate::memo::scope(&scope.tenant, scope.level);
         self.tokens_of_chat(messages, Some(&scope))
     }
 

@@ -75,7 +75,7 @@ pub fn collect_sensitivity(
             .tenant
             .as_ref()
             .map_or(tenants::OPEN, |t| t.name.as_str());
-        let scope = format!("{tenant}\u{0}{}", set.level().name());
+        let scope = crate::memo::scope(tenant, set.level());
         detector.detected(
             &mut set,
             &scope,

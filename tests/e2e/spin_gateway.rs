@@ -83,6 +83,61 @@ fn node(cloud: &FakeCloud, policy: Option<&str>) -> (Node, Keys) {
     (builder.start(), keys)
 }
 
+/// The TCP_NODELAY shim `spin build` builds (scripts/spin-nodelay.c).
+fn nodelay_shim() -> PathBuf {
+    let shim = root("target-wasm/spin-nodelay.so");
+    assert!(
+        shim.is_file(),
+        "spin build did not build {}",
+        shim.display()
+    );
+    shim
+}
+
+/// Whether a socket accepted by a process started with `preload` has
+/// Nagle's algorithm off: Python accepts a connection from itself and
+/// reports the accepted socket's TCP_NODELAY.
+fn accepted_with_nodelay(preload: Option<&Path>) -> bool {
+    const ACCEPT: &str = "import socket\n\
+        l = socket.socket(); l.bind(('127.0.0.1', 0)); l.listen(1)\n\
+        c = socket.create_connection(l.getsockname())\n\
+        a, _ = l.accept()\n\
+        print(a.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))\n";
+    let mut python = Command::new("python3");
+    python.args(["-c", ACCEPT]);
+    if let Some(shim) = preload {
+        python.env("LD_PRELOAD", shim);
+    }
+    let out = python.output().expect("run python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    match String::from_utf8_lossy(&out.stdout).trim() {
+        "0" => false,
+        "1" => true,
+        other => panic!("python3 reported TCP_NODELAY {other:?}"),
+    }
+}
+
+/// Spin 4.0.2 leaves Nagle's algorithm on for the connections it accepts,
+/// so a streamed answer's second write waited for the client's delayed
+/// acknowledgement: 40 ms at the end of every answer the gateway streams
+/// (`edgeroute bench --spin-gateway`). `./dev spin` (and every gateway in
+/// these tests) runs Spin with the shim preloaded; this checks the shim
+/// itself does what it is for, and nothing without it does.
+#[test]
+fn the_nodelay_shim_turns_nagle_off_for_accepted_connections() {
+    let Some(spin) = spin_or_skip("the_nodelay_shim_turns_nagle_off_for_accepted_connections")
+    else {
+        return;
+    };
+    build_root(&spin);
+    assert!(!accepted_with_nodelay(None), "Nagle is on by default");
+    assert!(accepted_with_nodelay(Some(&nodelay_shim())));
+}
+
 /// The root app under `spin up` (a manifest, normally the root spin.toml)
 /// with the node, the cloud and the key as its variables and the flags of
 /// `runtime-config/spin-up.args`.
@@ -105,7 +160,9 @@ fn gateway(
         ("SPIN_VARIABLE_UPSTREAM_KEY", upstream_key.to_string()),
     ];
     env.extend(variables.iter().cloned());
-    // Run as `./dev spin` runs it, so the flags are known to work.
+    // Run as `./dev spin` runs it, so the flags and the preloaded
+    // TCP_NODELAY shim are known to work.
+    env.push(("LD_PRELOAD", nodelay_shim().display().to_string()));
     let flags = std::fs::read_to_string(root("runtime-config/spin-up.args")).unwrap();
     SpinApp::launch(
         spin,

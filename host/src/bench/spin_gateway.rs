@@ -5,8 +5,9 @@
 //!   node directly, and through the gateway (Spin's HTTP trigger, an
 //!   instance of the gateway and the policy, detection, the guard, Spin's
 //!   outbound HTTP to the node) which places it locally; non-streaming
-//!   latency and streaming time to first byte; once with Spin's own
-//!   instance reuse and once with `runtime-config/spin-up.args`;
+//!   latency, and a stream's first byte and end; with Spin's own instance
+//!   reuse, with `runtime-config/spin-up.args`, and with those flags and
+//!   the TCP_NODELAY shim (`target-wasm/spin-nodelay.so`) preloaded;
 //! - a Spin app's `llm::infer` (`examples/spin-sample`, when built): its
 //!   `/infer` against the node's own chat endpoint with the same prompt.
 //!
@@ -145,28 +146,42 @@ fn built(path: &Path, how: &str) -> anyhow::Result<()> {
     }
 }
 
-/// `requests` pairs, alternating `a` and `b` after a warm-up; the timings
-/// (first byte or whole answer) of each, and `b`'s `Server-Timing` headers.
+/// What `requests` pairs of calls gave, `a` then `b` each time: the time
+/// to the first body byte and to the end of each answer, and the
+/// `Server-Timing` headers of each side's answers.
+struct Pairs {
+    first: (Vec<Duration>, Vec<Duration>),
+    whole: (Vec<Duration>, Vec<Duration>),
+    steps: (Vec<String>, Vec<String>),
+}
+
+/// `requests` pairs, alternating `a` and `b` after a warm-up.
 async fn pairs(
     client: &reqwest::Client,
     (a, a_body): (&str, &str),
     (b, b_body): (&str, &str),
     requests: u32,
-    first_byte: bool,
-) -> anyhow::Result<((Vec<Duration>, Vec<Duration>), Vec<String>)> {
-    let pick = |(first, total): (Duration, Duration)| if first_byte { first } else { total };
+) -> anyhow::Result<Pairs> {
     for _ in 0..20 {
         post(client, a, a_body.to_string()).await?;
         post(client, b, b_body.to_string()).await?;
     }
-    let (mut x, mut y, mut steps) = (Vec::new(), Vec::new(), Vec::new());
+    let mut pairs = Pairs {
+        first: Default::default(),
+        whole: Default::default(),
+        steps: Default::default(),
+    };
     for _ in 0..requests {
-        x.push(pick(post(client, a, a_body.to_string()).await?));
-        let (first, total, timing) = send_timed(client, b, b_body.to_string()).await?;
-        y.push(pick((first, total)));
-        steps.extend(timing);
+        let (first, whole, timing) = send_timed(client, a, a_body.to_string()).await?;
+        pairs.first.0.push(first);
+        pairs.whole.0.push(whole);
+        pairs.steps.0.extend(timing);
+        let (first, whole, timing) = send_timed(client, b, b_body.to_string()).await?;
+        pairs.first.1.push(first);
+        pairs.whole.1.push(whole);
+        pairs.steps.1.extend(timing);
     }
-    Ok(((x, y), steps))
+    Ok(pairs)
 }
 
 /// A delay of this much or more is a stall (a 40 ms delayed ACK), not work.
@@ -230,45 +245,69 @@ pub async fn run(mut config: Config, requests: u32) -> anyhow::Result<()> {
     );
     let direct = format!("{node_url}/v1/chat/completions");
     // Spin's own instance reuse first (a fresh instance every 128
-    // requests), then the flags `./dev spin` runs the gateway with.
-    for (how, flags) in [
-        ("Spin's default instance reuse".to_string(), Vec::new()),
+    // requests), then the flags `./dev spin` runs the gateway with, then
+    // those flags and the TCP_NODELAY shim `./dev spin` preloads (built by
+    // `spin build`; scripts/spin-nodelay.c says why).
+    let shim = root.join("target-wasm/spin-nodelay.so");
+    let args = format!("runtime-config/spin-up.args ({})", flags.join(" "));
+    let mut ways = vec![
         (
-            format!("runtime-config/spin-up.args ({})", flags.join(" ")),
-            flags,
+            "Spin's default instance reuse".to_string(),
+            Vec::new(),
+            None,
         ),
-    ] {
+        (args.clone(), flags.clone(), None),
+    ];
+    if shim.is_file() {
+        let how =
+            format!("{args} and target-wasm/spin-nodelay.so preloaded (as ./dev spin runs it)");
+        ways.push((how, flags, Some(shim.display().to_string())));
+    } else {
+        println!(
+            " (the gateway with the TCP_NODELAY shim: skipped, {} is not built: `spin build` at the root)",
+            shim.display()
+        );
+    }
+    for (how, flags, preload) in ways {
         println!(" the gateway with {how}");
+        let mut env = vec![
+            ("SPIN_VARIABLE_NODE_URL", node_url.clone()),
+            ("SPIN_VARIABLE_LOCAL_MODELS", local.clone()),
+        ];
+        env.extend(preload.map(|shim| ("LD_PRELOAD", shim)));
         let gateway = tokio::task::block_in_place(|| {
             SpinUp::start(
                 &spin,
                 &root.join("spin.toml"),
                 &runtime_config,
-                &[
-                    ("SPIN_VARIABLE_NODE_URL", node_url.clone()),
-                    ("SPIN_VARIABLE_LOCAL_MODELS", local.clone()),
-                ],
+                &env,
                 &flags,
             )
         })?;
         let through = format!("{}/v1/chat/completions", gateway.url);
         for stream in [false, true] {
             let body = chat(stream);
-            let (timings, steps) = pairs(
-                &client,
-                (&direct, &body),
-                (&through, &body),
-                requests,
-                stream,
-            )
-            .await?;
-            let what = if stream {
-                "streaming, time to first byte"
+            let pairs = pairs(&client, (&direct, &body), (&through, &body), requests).await?;
+            if stream {
+                report(
+                    "streaming, time to first byte",
+                    pairs.first,
+                    "through the Spin gateway",
+                );
+                report(
+                    "streaming, the whole answer",
+                    pairs.whole,
+                    "through the Spin gateway",
+                );
             } else {
-                "non-streaming, whole answer"
-            };
-            report(what, timings, "through the Spin gateway");
-            report_steps("the gateway's", &steps);
+                report(
+                    "non-streaming, whole answer",
+                    pairs.whole,
+                    "through the Spin gateway",
+                );
+            }
+            report_steps("the node's (directly)", &pairs.steps.0);
+            report_steps("the gateway's", &pairs.steps.1);
         }
     }
 
@@ -296,17 +335,11 @@ pub async fn run(mut config: Config, requests: u32) -> anyhow::Result<()> {
     let body = json!({"model": "auto", "max_tokens": 1, "temperature": 0.0,
                       "messages": [{"role": "user", "content": prompt}]})
     .to_string();
-    let (timings, _) = pairs(
-        &client,
-        (&direct, &body),
-        (&format!("{}/infer?max_tokens=1", app.url), prompt),
-        requests,
-        false,
-    )
-    .await?;
+    let infer = format!("{}/infer?max_tokens=1", app.url);
+    let pairs = pairs(&client, (&direct, &body), (&infer, prompt), requests).await?;
     report(
         "a Spin app's llm::infer (open_ai protocol), whole answer",
-        timings,
+        pairs.whole,
         "through the app",
     );
     Ok(())

@@ -7,7 +7,9 @@
 //!   outbound HTTP to the node) which places it locally; non-streaming
 //!   latency, and a stream's first byte and end; with Spin's own instance
 //!   reuse, with `runtime-config/spin-up.args`, and with those flags and
-//!   the TCP_NODELAY shim (`target-wasm/spin-nodelay.so`) preloaded;
+//!   the TCP_NODELAY shim (`target-wasm/spin-nodelay.so`) preloaded; and a
+//!   request the gateway places in the cloud (a loopback upstream) against
+//!   the same body sent to that upstream directly;
 //! - a Spin app's `llm::infer` (`examples/spin-sample`, when built): its
 //!   `/infer` against the node's own chat endpoint with the same prompt.
 //!
@@ -188,12 +190,22 @@ async fn pairs(
 const STALL: Duration = Duration::from_millis(20);
 
 fn report(what: &str, (direct, through): (Vec<Duration>, Vec<Duration>), via: &str) {
+    report_against(what, (direct, through), "node directly", via)
+}
+
+/// [`report`] with the baseline named.
+fn report_against(
+    what: &str,
+    (direct, through): (Vec<Duration>, Vec<Duration>),
+    baseline: &str,
+    via: &str,
+) {
     let stalls = |v: &[Duration]| v.iter().filter(|d| **d >= STALL).count();
     let (direct_stalls, through_stalls) = (stalls(&direct), stalls(&through));
     let n = through.len();
     let (direct, through) = (Spread::of(direct), Spread::of(through));
     println!(
-        "  {what}: node directly p50 {:.0} µs, p99 {:.0} µs; {via} p50 {:.0} µs, p99 {:.0} µs; added p50 {:.0} µs, p99 {:.0} µs; stalls of 20 ms or more: {direct_stalls} direct, {through_stalls} {via} (of {n} each)",
+        "  {what}: {baseline} p50 {:.0} µs, p99 {:.0} µs; {via} p50 {:.0} µs, p99 {:.0} µs; added p50 {:.0} µs, p99 {:.0} µs; stalls of 20 ms or more: {direct_stalls} direct, {through_stalls} {via} (of {n} each)",
         direct.p50,
         direct.p99,
         through.p50,
@@ -244,6 +256,29 @@ pub async fn run(mut config: Config, requests: u32) -> anyhow::Result<()> {
         "what Spin adds in front of the node: {requests} requests each way, alternating, one pooled client; the node in this process on the paced TEST backend at 1e9 tokens/s (1 token), the gateway under `spin up`"
     );
     let direct = format!("{node_url}/v1/chat/completions");
+    // The cloud the gateway calls itself: a loopback upstream that answers
+    // at once and, like most servers, acknowledges a request's headers
+    // only with its answer (it does not re-arm TCP_QUICKACK as the node
+    // does). A prompt over the policy's 512 tokens (the gateway counts
+    // bytes / 4) is placed there; the baseline is the same body sent to
+    // the upstream directly.
+    let upstream = super::upstream::start(super::upstream::Timing {
+        round_trip: Duration::ZERO,
+        server_ttft: Duration::ZERO,
+        tokens_per_s: 1e9,
+    })
+    .await?;
+    let upstream_url = format!("{}/chat/completions", upstream.base_url);
+    let upstream_origin = upstream.base_url.trim_end_matches("/v1").to_string();
+    let cities = [
+        "Lyon", "Oslo", "Lima", "Pune", "Kyoto", "Accra", "Quito", "Perth",
+    ];
+    let long: String = (0..100)
+        .map(|i| format!("Is it raining in {} on day {i}? ", cities[i % cities.len()]))
+        .collect();
+    let cloud_body = json!({"model": "auto", "max_tokens": 1,
+        "messages": [{"role": "user", "content": long}]})
+    .to_string();
     // Spin's own instance reuse first (a fresh instance every 128
     // requests), then the flags `./dev spin` runs the gateway with, then
     // those flags and the TCP_NODELAY shim `./dev spin` preloads (built by
@@ -273,6 +308,8 @@ pub async fn run(mut config: Config, requests: u32) -> anyhow::Result<()> {
         let mut env = vec![
             ("SPIN_VARIABLE_NODE_URL", node_url.clone()),
             ("SPIN_VARIABLE_LOCAL_MODELS", local.clone()),
+            ("SPIN_VARIABLE_UPSTREAM_URL", upstream_url.clone()),
+            ("SPIN_VARIABLE_UPSTREAM_ORIGIN", upstream_origin.clone()),
         ];
         env.extend(preload.map(|shim| ("LD_PRELOAD", shim)));
         let gateway = tokio::task::block_in_place(|| {
@@ -309,6 +346,30 @@ pub async fn run(mut config: Config, requests: u32) -> anyhow::Result<()> {
             report_steps("the node's (directly)", &pairs.steps.0);
             report_steps("the gateway's", &pairs.steps.1);
         }
+        // The placement is real: the gateway's answer names the cloud.
+        let probe = client
+            .post(&through)
+            .header("content-type", "application/json")
+            .body(cloud_body.clone())
+            .send()
+            .await?;
+        let header = |name: &str| {
+            let value = probe.headers().get(name).and_then(|v| v.to_str().ok());
+            value.unwrap_or_default().to_string()
+        };
+        let (target, reason) = (header("x-edgeroute-target"), header("x-edgeroute-reason"));
+        if !target.starts_with("cloud") {
+            bail!("the gateway placed the long prompt at '{target}', not in the cloud ({reason})");
+        }
+        let direct_cloud = (upstream_url.as_str(), cloud_body.as_str());
+        let pairs = pairs(&client, direct_cloud, (&through, &cloud_body), requests).await?;
+        report_against(
+            "placed in the cloud, whole answer",
+            pairs.whole,
+            "the upstream directly",
+            "through the Spin gateway",
+        );
+        report_steps("the gateway's", &pairs.steps.1);
     }
 
     let sample = root.join("examples/spin-sample");

@@ -4,7 +4,8 @@
 //! policy, guard, the cloud-fetch component and the pooled upstream
 //! client). Reports the added latency (non-streaming p50/p99), the added
 //! time to first byte (streaming), and how many connections the node
-//! opened to the upstream per 1,000 requests.
+//! opened to the upstream per 1,000 requests. The cloud fetcher is also
+//! called alone, against the node's HTTP client calling the same upstream.
 //!
 //! Then what a hop to a peer of the fleet adds: the same request sent to a
 //! node that serves it from the cloud (`b`, no local model), and to a node
@@ -204,6 +205,33 @@ async fn fetcher_instances(requests: u32) -> anyhow::Result<()> {
         )
     };
     let (fresh, pooled) = (target(0)?, target(POOL_SLOTS)?);
+    // The baseline: the node's own upstream client, the same request and
+    // upstream, no component (what the fetcher adds over plain HTTP).
+    let client = crate::egress::upstream_client()?;
+    let url = format!(
+        "{}/chat/completions",
+        upstream.base_url.trim_end_matches('/')
+    );
+    let plain = json!({
+        "model": "bench",
+        "messages": [{"role": "user", "content": "What is the weather in Lyon?"}],
+        "max_tokens": 1,
+    })
+    .to_string();
+    let host_client = || async {
+        let started = Instant::now();
+        let answer = client
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(plain.clone())
+            .send()
+            .await?
+            .error_for_status()?
+            .bytes()
+            .await?;
+        serde_json::from_slice::<Value>(&answer)?;
+        anyhow::Ok(started.elapsed())
+    };
     async fn once(cloud: &CloudTarget) -> anyhow::Result<Duration> {
         let question = Message {
             role: "user".into(),
@@ -220,21 +248,31 @@ async fn fetcher_instances(requests: u32) -> anyhow::Result<()> {
     for _ in 0..50 {
         once(&fresh).await?;
         once(&pooled).await?;
+        host_client().await?;
     }
-    let (mut f, mut p) = (Vec::new(), Vec::new());
+    let (mut f, mut p, mut h) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..requests {
         f.push(once(&fresh).await?);
         p.push(once(&pooled).await?);
+        h.push(host_client().await?);
     }
-    let (f, p) = (super::Spread::of(f), super::Spread::of(p));
+    let (f, p, h) = (
+        super::Spread::of(f),
+        super::Spread::of(p),
+        super::Spread::of(h),
+    );
     println!(
-        "  the cloud fetcher called directly ({requests} calls each way, alternating): a fresh instance per call p50 {:.0} µs, p99 {:.0} µs; pooled instances p50 {:.0} µs, p99 {:.0} µs (pooled / fresh: p50 {:.2}, p99 {:.2})",
+        "  the cloud fetcher called directly ({requests} calls each way, alternating): a fresh instance per call p50 {:.0} µs, p99 {:.0} µs; pooled instances p50 {:.0} µs, p99 {:.0} µs (pooled / fresh: p50 {:.2}, p99 {:.2}); the node's HTTP client alone p50 {:.0} µs, p99 {:.0} µs (pooled fetcher / client: p50 {:.2}, p99 {:.2})",
         f.p50,
         f.p99,
         p.p50,
         p.p99,
         p.p50 / f.p50,
-        p.p99 / f.p99
+        p.p99 / f.p99,
+        h.p50,
+        h.p99,
+        p.p50 / h.p50,
+        p.p99 / h.p99
     );
     Ok(())
 }

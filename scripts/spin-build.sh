@@ -26,11 +26,11 @@ if [ ! -x "$edgeroute" ]; then
     cargo build --release --locked -p edgeroute
 fi
 mkdir -p target-wasm
-cp "$wasm_dir/wasm32-wasip2/release/policy_default.wasm" target-wasm/
 # What `spin up` runs with (LD_PRELOAD): TCP_NODELAY on Spin's accepted
 # connections, without which every streamed answer ends 40 ms late
-# (scripts/spin-nodelay.c says why).
-cc="${CC:-cc}"
-command -v "$cc" >/dev/null 2>&1 || cc=clang
-"$cc" -shared -fPIC -O2 -Wall -Werror -o target-wasm/spin-nodelay.so scripts/spin-nodelay.c -ldl
+# (scripts/spin-nodelay.c says why). First, so a failure here leaves
+# target-wasm/ as it was.
+# shellcheck disable=SC2086 # $CC may carry arguments (ccache cc)
+${CC:-cc} -shared -fPIC -O2 -Wall -o target-wasm/spin-nodelay.so scripts/spin-nodelay.c -ldl
+cp "$wasm_dir/wasm32-wasip2/release/policy_default.wasm" target-wasm/
 "$edgeroute" preinit "$wasm_dir/wasm32-wasip2/release/spin_gateway.wasm" target-wasm/spin_gateway.wasm

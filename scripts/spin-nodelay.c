@@ -18,6 +18,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -25,14 +26,21 @@
 static void no_delay(int fd) {
     if (fd >= 0) {
         int one = 1;
-        /* Fails harmlessly (EOPNOTSUPP) on a Unix socket. */
+        int saved = errno;
+        /* Fails harmlessly (EOPNOTSUPP) on a Unix socket; errno is put
+           back, so the caller sees accept's own. */
         (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        errno = saved;
     }
 }
 
 int accept4(int listener, struct sockaddr *addr, socklen_t *len, int flags) {
     static int (*real)(int, struct sockaddr *, socklen_t *, int);
     if (!real) real = (int (*)(int, struct sockaddr *, socklen_t *, int))dlsym(RTLD_NEXT, "accept4");
+    if (!real) {
+        errno = ENOSYS;
+        return -1;
+    }
     int fd = real(listener, addr, len, flags);
     no_delay(fd);
     return fd;
@@ -41,6 +49,10 @@ int accept4(int listener, struct sockaddr *addr, socklen_t *len, int flags) {
 int accept(int listener, struct sockaddr *addr, socklen_t *len) {
     static int (*real)(int, struct sockaddr *, socklen_t *);
     if (!real) real = (int (*)(int, struct sockaddr *, socklen_t *))dlsym(RTLD_NEXT, "accept");
+    if (!real) {
+        errno = ENOSYS;
+        return -1;
+    }
     int fd = real(listener, addr, len);
     no_delay(fd);
     return fd;

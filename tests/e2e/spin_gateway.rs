@@ -105,9 +105,10 @@ fn accepted_with_nodelay(preload: Option<&Path>) -> bool {
         print(a.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))\n";
     let mut python = Command::new("python3");
     python.args(["-c", ACCEPT]);
-    if let Some(shim) = preload {
-        python.env("LD_PRELOAD", shim);
-    }
+    match preload {
+        Some(shim) => python.env("LD_PRELOAD", shim),
+        None => python.env_remove("LD_PRELOAD"),
+    };
     let out = python.output().expect("run python3");
     assert!(
         out.status.success(),

@@ -42,11 +42,12 @@ pub struct NodeDetector {
 }
 
 impl NodeDetector {
-    pub fn new(detector: Detector) -> Self {
-        Self {
-            detector,
+    /// The node's detector for its `[guard]` config ([`detector`]).
+    pub fn from_guard(guard: &GuardConfig) -> anyhow::Result<Self> {
+        Ok(Self {
+            detector: detector(guard)?,
             clean: Memo::new(CLEAN_TEXTS, CLEAN_TEXT_BYTES),
-        }
+        })
     }
 
     /// `collect::detected`, each text judged alone from memory when a
@@ -120,31 +121,38 @@ mod tests {
 
     #[test]
     fn only_texts_of_requests_with_no_finding_are_remembered() {
-        let node = NodeDetector::new(detector(&GuardConfig::default()).unwrap());
+        let node = NodeDetector::from_guard(&GuardConfig::default()).unwrap();
+        let (public, restricted) = (
+            crate::memo::scope(crate::tenants::OPEN, edgeroute_core::Sensitivity::Public),
+            crate::memo::scope(
+                crate::tenants::OPEN,
+                edgeroute_core::Sensitivity::Restricted,
+            ),
+        );
         // A card typed in two parts: each part is clean alone.
         let parts = ["it starts 4111 1111", "and ends 1111 1111"];
         for _ in 0..3 {
-            assert_eq!(judge(&node, "open\0public", &parts), vec!["payment-card"]);
+            assert_eq!(judge(&node, &public, &parts), vec!["payment-card"]);
         }
         assert_eq!(node.clean.held(), 0, "nothing of a request with a finding");
         // A clean request: its texts (the message and the tool's strings).
-        assert!(judge(&node, "open\0public", &["what is the weather in Lyon?"]).is_empty());
+        assert!(judge(&node, &public, &["what is the weather in Lyon?"]).is_empty());
         let kept = node.clean.held();
         assert!(kept >= 2, "{kept}");
-        assert!(judge(&node, "open\0public", &["what is the weather in Lyon?"]).is_empty());
+        assert!(judge(&node, &public, &["what is the weather in Lyon?"]).is_empty());
         assert_eq!(node.clean.held(), kept, "the second time from memory");
         // Another scope is its own entries.
-        judge(&node, "open\0restricted", &["what is the weather in Lyon?"]);
+        judge(&node, &restricted, &["what is the weather in Lyon?"]);
         assert_eq!(node.clean.held(), 2 * kept);
         // What is remembered is what the detector gives, and a remembered
         // part still completes a card with the other part.
         let clean = "what is the weather in Lyon?";
         assert_eq!(
-            node.clean.lookup("open\0public", clean, ()),
+            node.clean.lookup(&public, clean, ()),
             Some(node.detector.alone(clean))
         );
         assert_eq!(
-            judge(&node, "open\0public", &[parts[0], parts[1], clean]),
+            judge(&node, &public, &[parts[0], parts[1], clean]),
             vec!["payment-card"]
         );
     }

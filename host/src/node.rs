@@ -164,7 +164,7 @@ impl Node {
             local,
             cloud,
             embedder,
-            detector: crate::detect::NodeDetector::new(crate::detect::detector(&config.guard)?),
+            detector: crate::detect::NodeDetector::from_guard(&config.guard)?,
             ledger: Ledger::new(reference, Some(config.ledger.tasks.clone())),
             metrics: Metrics::default(),
             recent: Recent::default(),

@@ -205,7 +205,7 @@ fn report_against(
     let n = through.len();
     let (direct, through) = (Spread::of(direct), Spread::of(through));
     println!(
-        "  {what}: {baseline} p50 {:.0} µs, p99 {:.0} µs; {via} p50 {:.0} µs, p99 {:.0} µs; added p50 {:.0} µs, p99 {:.0} µs; stalls of 20 ms or more: {direct_stalls} direct, {through_stalls} {via} (of {n} each)",
+        "  {what}: {baseline} p50 {:.0} µs, p99 {:.0} µs; {via} p50 {:.0} µs, p99 {:.0} µs; added p50 {:.0} µs, p99 {:.0} µs; stalls of 20 ms or more: {direct_stalls} {baseline}, {through_stalls} {via} (of {n} each)",
         direct.p50,
         direct.p99,
         through.p50,

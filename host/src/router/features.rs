@@ -279,14 +279,14 @@ mod tests {
             ..Signals::default()
         };
         let guard = GuardConfig::default();
-        let detector = NodeDetector::new(crate::detect::detector(&guard).unwrap());
+        let detector = NodeDetector::from_guard(&guard).unwrap();
         collect_sensitivity(&request(metadata), &signals, &guard, &detector).level()
     }
 
     #[test]
     fn text_in_tool_calls_and_unknown_fields_is_judged_too() {
         let guard = GuardConfig::default();
-        let detector = NodeDetector::new(crate::detect::detector(&guard).unwrap());
+        let detector = NodeDetector::from_guard(&guard).unwrap();
         for body in [
             r#"{"model":"auto","messages":[{"role":"user","content":"go"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"pay","arguments":"{\"card\":\"4111 1111 1111 1111\"}"}}]}]}"#,
             r#"{"model":"auto","messages":[{"role":"user","content":"go"}],"user":"jane.doe@example.com"}"#,
@@ -306,7 +306,7 @@ mod tests {
         // Twice, "12345674" would join its own copy into a Luhn-valid
         // 16-digit number.
         let guard = GuardConfig::default();
-        let detector = NodeDetector::new(crate::detect::detector(&guard).unwrap());
+        let detector = NodeDetector::from_guard(&guard).unwrap();
         let body = r#"{"model":"auto","messages":[{"role":"user","content":"Summarise ticket 12345674 for me."}]}"#;
         let request =
             super::super::request::parse(body.as_bytes(), &Limits::default(), "t".into(), 0)
@@ -320,7 +320,7 @@ mod tests {
         // The node's description of the tools repeats them in its own
         // words; detection skips that and reads the client's `tools`.
         let guard = GuardConfig::default();
-        let detector = NodeDetector::new(crate::detect::detector(&guard).unwrap());
+        let detector = NodeDetector::from_guard(&guard).unwrap();
         let with_tool = |description: &str, system: bool| {
             let system = if system {
                 r#"{"role":"system","content":"be brief"},"#
@@ -363,7 +363,7 @@ mod tests {
             ..Signals::default()
         };
         let guard = GuardConfig::default();
-        let detector = NodeDetector::new(crate::detect::detector(&guard).unwrap());
+        let detector = NodeDetector::from_guard(&guard).unwrap();
         let set = collect_sensitivity(
             &request(r#"{"sensitivity":"public"}"#),
             &signals,

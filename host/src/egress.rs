@@ -82,6 +82,8 @@ pub struct EgressHooks {
     pub target: String,
     pub audit: Arc<EgressAudit>,
     pub call: Arc<CallMeter>,
+    /// The request's meter, where the upstream's wait is reported.
+    pub meter: crate::nn::Meter,
     /// Added only to requests for this upstream's origin: another allowed
     /// host (a second upstream) must not receive this one's key.
     pub credential: Option<Credential>,
@@ -298,8 +300,14 @@ impl WasiHttpHooks for EgressHooks {
                 .insert(header::AUTHORIZATION, credential.authorization.clone());
         }
         let client = self.client.clone();
+        let meter = self.meter.clone();
         Box::new(async move {
+            let asked = std::time::Instant::now();
             let response = send_pooled(client, request, options).await?;
+            meter
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .upstream_wait = Some(asked.elapsed());
             // The pool drives its connections; nothing to run per request.
             let io = async { Ok(()) };
             Ok((response, Box::new(io) as Box<dyn Future<Output = _> + Send>))
@@ -350,6 +358,7 @@ mod tests {
             target: "cloud:test".into(),
             audit: Arc::default(),
             call: Arc::default(),
+            meter: Default::default(),
             credential: None,
             client: upstream_client().unwrap(),
         }
@@ -373,6 +382,7 @@ mod tests {
             target: "cloud:test".into(),
             audit: Arc::default(),
             call: Arc::default(),
+            meter: Default::default(),
             credential: Some(Credential::bearer(&format!("http://{upstream}/v1"), KEY).unwrap()),
             client: upstream_client().unwrap(),
         }

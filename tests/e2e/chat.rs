@@ -273,6 +273,7 @@ fn long_public_prompt_goes_to_cloud() {
     let prompt = long_prompt(&canary);
     let resp = node.post_chat(chat(&prompt), &[]);
     assert_cloud_completion(&resp, "long public prompt");
+    assert_upstream_is_part_of_the_cloud_step(&resp);
 
     let sent = cloud.requests_mentioning(&canary);
     assert_eq!(
@@ -317,9 +318,24 @@ fn long_public_prompt_goes_to_cloud() {
     assert_eq!(stream.text, CLOUD_REPLY, "{stream:?}\n{resp:?}");
     assert!(stream.content_chunks >= 2, "{stream:?}");
     assert!(stream.done_last && stream.done_count == 1, "{resp:?}");
+    assert_upstream_is_part_of_the_cloud_step(&resp);
     let sent = cloud.requests_mentioning(&canary);
     assert_eq!(sent.len(), 1, "{}", cloud.describe());
     assert_eq!(sent[0].body["stream"], true, "{:?}", sent[0]);
+}
+
+/// A cloud answer's `Server-Timing`: the pipeline's steps, the cloud hop,
+/// and the upstream's part of that hop (no longer than the hop itself).
+#[track_caller]
+fn assert_upstream_is_part_of_the_cloud_step(resp: &Resp) {
+    let timing = resp.server_timing();
+    assert_eq!(
+        resp.server_timing_steps(),
+        ["parse", "features", "policy", "guard", "cloud", "upstream"],
+        "{resp:?}"
+    );
+    let (cloud, upstream) = (timing[4].1, timing[5].1);
+    assert!(upstream > 0.0 && upstream <= cloud, "{resp:?}");
 }
 
 #[test]

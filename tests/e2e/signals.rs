@@ -228,7 +228,7 @@ fn the_cascade_escalates_unsure_public_answers_and_keeps_restricted_ones() {
     assert_eq!(
         resp.server_timing_steps(),
         [
-            "parse", "features", "policy", "guard", "local", "judge", "cloud"
+            "parse", "features", "policy", "guard", "local", "judge", "cloud", "upstream"
         ],
         "{resp:?}"
     );

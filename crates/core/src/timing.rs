@@ -31,6 +31,13 @@ impl Timing {
         self.last = now;
     }
 
+    /// A part of the step just marked, measured where it happened (the
+    /// upstream's share of a cloud step): listed after that step, and
+    /// not a step of its own, so the next mark still counts from the last.
+    pub fn part(&mut self, name: &'static str, took: std::time::Duration) {
+        self.steps.push((name, took.as_secs_f64() * 1e3));
+    }
+
     /// `read;dur=0.041, detect;dur=0.210, …` (milliseconds).
     pub fn header(&self) -> String {
         let mut out = String::with_capacity(self.steps.len() * 20);
@@ -48,6 +55,17 @@ impl Timing {
 mod tests {
     use super::*;
 
+    /// A header's entries, as a client reads them.
+    fn parsed(header: &str) -> Vec<(&str, f64)> {
+        header
+            .split(", ")
+            .map(|s| {
+                let (name, ms) = s.split_once(";dur=").unwrap();
+                (name, ms.parse().unwrap())
+            })
+            .collect()
+    }
+
     #[test]
     fn steps_come_out_in_order_with_their_milliseconds() {
         let mut timing = Timing::start();
@@ -55,15 +73,25 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(2));
         timing.mark("policy");
         let header = timing.header();
-        let steps: Vec<(&str, f64)> = header
-            .split(", ")
-            .map(|s| {
-                let (name, ms) = s.split_once(";dur=").unwrap();
-                (name, ms.parse().unwrap())
-            })
-            .collect();
+        let steps = parsed(&header);
         assert_eq!(steps.len(), 2, "{header}");
         assert_eq!((steps[0].0, steps[1].0), ("parse", "policy"));
         assert!(steps[1].1 >= 2.0, "{header}");
+    }
+
+    #[test]
+    fn a_part_is_listed_after_its_step_and_the_next_step_counts_from_that_step() {
+        let mut timing = Timing::start();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        timing.mark("cloud");
+        timing.part("upstream", std::time::Duration::from_millis(50));
+        timing.mark("after");
+        let header = timing.header();
+        let steps = parsed(&header);
+        let names: Vec<&str> = steps.iter().map(|s| s.0).collect();
+        assert_eq!(names, ["cloud", "upstream", "after"], "{header}");
+        assert_eq!(steps[1].1, 50.0, "{header}");
+        // Marked right after "cloud": none of the part's 50 ms is in it.
+        assert!(steps[2].1 < 50.0, "{header}");
     }
 }

@@ -55,13 +55,20 @@ impl Resp {
     /// The step names of the `Server-Timing` header that carry a
     /// duration (`name;dur=ms, …`), in order.
     pub fn server_timing_steps(&self) -> Vec<&str> {
+        self.server_timing()
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect()
+    }
+
+    /// Each `Server-Timing` entry's name and milliseconds, in order.
+    pub fn server_timing(&self) -> Vec<(&str, f64)> {
         self.header("server-timing")
             .unwrap_or_default()
             .split(',')
             .filter_map(|part| {
                 let (name, ms) = part.trim().split_once(";dur=")?;
-                ms.parse::<f64>().ok()?;
-                Some(name)
+                Some((name, ms.parse::<f64>().ok()?))
             })
             .collect()
     }

@@ -30,6 +30,10 @@ pub struct Measured {
     pub confidence: Confidence,
     /// Prompt tokens continued from the prefix cache.
     pub reused_tokens: u32,
+    /// A cloud call's wait on its upstream, from the request handed to the
+    /// node's HTTP client to the response's head: the rest of the cloud
+    /// step is the node's own (the cloud-fetch component and wasi:http).
+    pub upstream_wait: Option<std::time::Duration>,
 }
 
 pub type Meter = Arc<Mutex<Measured>>;

@@ -94,7 +94,7 @@ pub(super) async fn judge(
     let reason = format!("{}; {why}", run.reason);
     let mut second = ctx.launch(then, reason);
     let answer = second.first_event().await;
-    ctx.timing.mark(second.target.kind().name());
+    ctx.mark_hop(&second);
     if let FirstEvent::Ended(Err(failure)) = &answer {
         ctx.record_leg(
             Some(&second.target),

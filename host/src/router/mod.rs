@@ -337,8 +337,7 @@ pub async fn dispatch(decided: Decided) -> Result<Served, Failure> {
         }
         let mut run = ctx.launch(target, reason);
         let first = run.first_event().await;
-        // Until the first token or the whole answer, whichever comes.
-        ctx.timing.mark(run.target.kind().name());
+        ctx.mark_hop(&run);
         let FirstEvent::Ended(Err(failure)) = first else {
             // A fallback hop is not judged: the cascade was planned for
             // the first target only.
@@ -519,6 +518,16 @@ impl Context {
             request.passthrough = serde_json::to_string(&self.request.passthrough).ok();
         }
         Run::launch(&self.node, target, reason, request, taint, local)
+    }
+
+    /// The hop's step in `Server-Timing`, until its first token or its
+    /// whole answer (whichever comes first), and for a cloud call the
+    /// upstream's part of it: what is left is the node's own.
+    fn mark_hop(&mut self, run: &Run) {
+        self.timing.mark(run.target.kind().name());
+        if let Some(wait) = run.upstream_wait() {
+            self.timing.part("upstream", wait);
+        }
     }
 
     fn taint(&self, reason: &str) -> Taint {

@@ -107,6 +107,12 @@ impl Run {
         self.measured().reused_tokens
     }
 
+    /// How long a cloud call has waited on its upstream for the response's
+    /// head (None before the head, and for other targets).
+    pub fn upstream_wait(&self) -> Option<std::time::Duration> {
+        self.measured().upstream_wait
+    }
+
     fn measured(&self) -> crate::nn::Measured {
         *self.meter.lock().unwrap_or_else(|p| p.into_inner())
     }

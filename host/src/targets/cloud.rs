@@ -229,6 +229,7 @@ impl CloudTarget {
                 target: target.clone(),
                 audit: self.audit.clone(),
                 call: call.clone(),
+                meter: job.meter.clone(),
                 credential: upstream.credential.clone(),
                 client: self.client.clone(),
             },

@@ -45,6 +45,12 @@ struct PolicyLabels {
     policy: String,
 }
 
+/// A configured upstream, by its name in the config (a bounded set).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct UpstreamLabels {
+    upstream: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CauseLabels {
     cause: &'static str,
@@ -106,6 +112,7 @@ pub struct Metrics {
     first_token: Family<PlacementLabels, Histogram>,
     tokens_per_second: Family<PlacementLabels, Histogram>,
     policy_call: Family<PolicyLabels, Histogram>,
+    upstream_wait: Family<UpstreamLabels, Histogram>,
     refusals: Family<CauseLabels, Counter>,
 }
 
@@ -130,6 +137,7 @@ impl Default for Metrics {
                 Histogram::new(TOKENS_PER_SECOND_BUCKETS)
             }),
             policy_call: Family::new_with_constructor(|| Histogram::new(POLICY_CALL_BUCKETS)),
+            upstream_wait: Family::new_with_constructor(|| Histogram::new(LATENCY_BUCKETS)),
             refusals: Family::default(),
         }
     }
@@ -187,6 +195,17 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
+    /// A cloud call's wait on its upstream for the response head: beside
+    /// `request_duration_seconds{placement="cloud"}`, whether the upstream
+    /// or the node was slow.
+    pub fn upstream_wait(&self, upstream: &str, took: Duration) {
+        self.upstream_wait
+            .get_or_create(&UpstreamLabels {
+                upstream: upstream.to_string(),
+            })
+            .observe(took.as_secs_f64());
+    }
+
     pub fn refusal(&self, cause: &'static str) {
         self.refusals.get_or_create(&CauseLabels { cause }).inc();
     }
@@ -219,6 +238,11 @@ impl Metrics {
             "policy_call_duration_seconds",
             "Duration of the policy's route call, by policy version",
             self.policy_call.clone(),
+        );
+        registry.register(
+            "upstream_wait_seconds",
+            "Time an upstream took to answer a cloud call with its response head, by upstream",
+            self.upstream_wait.clone(),
         );
         registry.register(
             "refusals",

@@ -216,6 +216,17 @@ fn metrics_and_the_audit_log_account_for_every_request_of_a_burst() {
         count("edgeroute_time_to_first_token_seconds_count", "local"),
         0.0
     );
+    // The cloud call's wait on its upstream, by the upstream's name.
+    let upstream = |name: &str| sample(&m, name, &[("upstream", "frontier")]);
+    assert_eq!(
+        upstream("edgeroute_upstream_wait_seconds_count"),
+        1.0,
+        "{text}"
+    );
+    assert!(
+        upstream("edgeroute_upstream_wait_seconds_sum") > 0.0,
+        "{text}"
+    );
     assert_eq!(
         sample(&m, "edgeroute_policy_call_duration_seconds_count", &[]),
         5.0,

@@ -527,6 +527,9 @@ impl Context {
         self.timing.mark(run.target.kind().name());
         if let Some(wait) = run.upstream_wait() {
             self.timing.part("upstream", wait);
+            if let Target::Cloud(upstream) = &run.target {
+                self.node.metrics.upstream_wait(upstream, wait);
+            }
         }
     }
 

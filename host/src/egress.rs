@@ -82,7 +82,8 @@ pub struct EgressHooks {
     pub target: String,
     pub audit: Arc<EgressAudit>,
     pub call: Arc<CallMeter>,
-    /// The request's meter, where the upstream's wait is reported.
+    /// This hop's meter (each hop of a request has its own), where the
+    /// wait on the upstream is reported.
     pub meter: crate::nn::Meter,
     /// Added only to requests for this upstream's origin: another allowed
     /// host (a second upstream) must not receive this one's key.
@@ -304,10 +305,21 @@ impl WasiHttpHooks for EgressHooks {
         Box::new(async move {
             let asked = std::time::Instant::now();
             let response = send_pooled(client, request, options).await?;
-            meter
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .upstream_wait = Some(asked.elapsed());
+            // Until the answer's first bytes: a streaming upstream sends its
+            // head before it has read the prompt, its first token after.
+            let response = response.map(|body| {
+                use http_body_util::BodyExt;
+                body.map_frame(move |frame| {
+                    if frame.is_data() {
+                        let mut measured = meter.lock().unwrap_or_else(|p| p.into_inner());
+                        measured
+                            .upstream_wait
+                            .get_or_insert_with(|| asked.elapsed());
+                    }
+                    frame
+                })
+                .boxed_unsync()
+            });
             // The pool drives its connections; nothing to run per request.
             let io = async { Ok(()) };
             Ok((response, Box::new(io) as Box<dyn Future<Output = _> + Send>))

@@ -195,7 +195,7 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
-    /// A cloud call's wait on its upstream for the response head: beside
+    /// A cloud call's wait on its upstream for the first answer bytes: beside
     /// `request_duration_seconds{placement="cloud"}`, whether the upstream
     /// or the node was slow.
     pub fn upstream_wait(&self, upstream: &str, took: Duration) {
@@ -241,7 +241,7 @@ impl Metrics {
         );
         registry.register(
             "upstream_wait_seconds",
-            "Time an upstream took to answer a cloud call with its response head, by upstream",
+            "Time from a cloud call's request to its upstream's first answer bytes (a stream's first chunk; an error's body too; a new connection's setup included; calls that timed out first are not counted), by upstream",
             self.upstream_wait.clone(),
         );
         registry.register(

@@ -1,6 +1,6 @@
 //! Where the time went on one request, sent back as a standard
 //! `Server-Timing` header by the node and the Spin gateway (browsers'
-//! developer tools show it; `edgeroute bench` adds it up): each step of
+//! developer tools show it; `edgeroute bench` reports it): each step of
 //! the pipeline beside the hop it made, so a slow answer says whether the
 //! router or the model or upstream was slow.
 
@@ -51,20 +51,19 @@ impl Timing {
     }
 }
 
+/// A `Server-Timing` header's entries that carry a duration, as a client
+/// reads them: each name and its milliseconds, in order (steps and parts
+/// alike; an entry without `dur` is left out).
+pub fn entries(header: &str) -> impl Iterator<Item = (&str, f64)> {
+    header.split(',').filter_map(|part| {
+        let (name, ms) = part.trim().split_once(";dur=")?;
+        Some((name, ms.parse().ok()?))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A header's entries, as a client reads them.
-    fn parsed(header: &str) -> Vec<(&str, f64)> {
-        header
-            .split(", ")
-            .map(|s| {
-                let (name, ms) = s.split_once(";dur=").unwrap();
-                (name, ms.parse().unwrap())
-            })
-            .collect()
-    }
 
     #[test]
     fn steps_come_out_in_order_with_their_milliseconds() {
@@ -73,7 +72,7 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(2));
         timing.mark("policy");
         let header = timing.header();
-        let steps = parsed(&header);
+        let steps: Vec<(&str, f64)> = entries(&header).collect();
         assert_eq!(steps.len(), 2, "{header}");
         assert_eq!((steps[0].0, steps[1].0), ("parse", "policy"));
         assert!(steps[1].1 >= 2.0, "{header}");
@@ -87,7 +86,7 @@ mod tests {
         timing.part("upstream", std::time::Duration::from_millis(50));
         timing.mark("after");
         let header = timing.header();
-        let steps = parsed(&header);
+        let steps: Vec<(&str, f64)> = entries(&header).collect();
         let names: Vec<&str> = steps.iter().map(|s| s.0).collect();
         assert_eq!(names, ["cloud", "upstream", "after"], "{header}");
         assert_eq!(steps[1].1, 50.0, "{header}");

@@ -52,8 +52,9 @@ impl Resp {
             .map(|(_, v)| v.as_str())
     }
 
-    /// The step names of the `Server-Timing` header that carry a
-    /// duration (`name;dur=ms, …`), in order.
+    /// The entry names of the `Server-Timing` header that carry a
+    /// duration (`name;dur=ms, …`), in order: the steps, and a part such
+    /// as `upstream` after the step it belongs to.
     pub fn server_timing_steps(&self) -> Vec<&str> {
         self.server_timing()
             .into_iter()
@@ -63,14 +64,7 @@ impl Resp {
 
     /// Each `Server-Timing` entry's name and milliseconds, in order.
     pub fn server_timing(&self) -> Vec<(&str, f64)> {
-        self.header("server-timing")
-            .unwrap_or_default()
-            .split(',')
-            .filter_map(|part| {
-                let (name, ms) = part.trim().split_once(";dur=")?;
-                Some((name, ms.parse::<f64>().ok()?))
-            })
-            .collect()
+        edgeroute_core::timing::entries(self.header("server-timing").unwrap_or_default()).collect()
     }
 
     /// `x-edgeroute-target`, e.g. `local:smollm2` or `cloud:frontier`.

@@ -102,11 +102,7 @@ pub(super) async fn send_timed(
 pub(super) fn report_steps(whose: &str, headers: &[String]) {
     let mut steps: Vec<(String, Vec<f64>)> = Vec::new();
     for header in headers {
-        for part in header.split(',') {
-            let Some((name, ms)) = part.trim().split_once(";dur=") else {
-                continue;
-            };
-            let Ok(ms) = ms.parse::<f64>() else { continue };
+        for (name, ms) in edgeroute_core::timing::entries(header) {
             match steps.iter_mut().find(|(n, _)| n == name) {
                 Some((_, all)) => all.push(ms),
                 None => steps.push((name.to_owned(), vec![ms])),

@@ -22,8 +22,8 @@ pub use paced::Pace;
 pub use prefix::CacheScope;
 pub use scheduler::{BatchLoad, BatchParams, Scheduler};
 
-/// What a request's generation reports as it runs (shared between the
-/// wasi-nn backend and the router).
+/// What a hop reports as it runs (shared between the router and the
+/// target: the wasi-nn backend, or the egress hook of a cloud call).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Measured {
     /// How sure the model is of its tokens so far.
@@ -31,8 +31,10 @@ pub struct Measured {
     /// Prompt tokens continued from the prefix cache.
     pub reused_tokens: u32,
     /// A cloud call's wait on its upstream, from the request handed to the
-    /// node's HTTP client to the response's head: the rest of the cloud
-    /// step is the node's own (the cloud-fetch component and wasi:http).
+    /// node's HTTP client to the answer's first bytes (a whole small
+    /// answer, or a stream's first chunk; a new connection's connect and
+    /// TLS included): the rest of the cloud step is the node's own (the
+    /// cloud-fetch component and wasi:http). None until those bytes come.
     pub upstream_wait: Option<std::time::Duration>,
 }
 

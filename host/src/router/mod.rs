@@ -521,8 +521,8 @@ impl Context {
     }
 
     /// The hop's step in `Server-Timing`, until its first token or its
-    /// whole answer (whichever comes first), and for a cloud call the
-    /// upstream's part of it: what is left is the node's own.
+    /// whole answer (whichever comes first), and for a cloud call that got
+    /// an answer the upstream's part of it: what is left is the node's own.
     fn mark_hop(&mut self, run: &Run) {
         self.timing.mark(run.target.kind().name());
         if let Some(wait) = run.upstream_wait() {

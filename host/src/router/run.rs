@@ -28,7 +28,8 @@ pub(super) struct Run {
     pub reason: String,
     pub deltas: UnboundedReceiver<Delta>,
     pub task: JoinHandle<TargetResult>,
-    /// The local model's confidence so far (empty for other targets).
+    /// This hop's measures: the local model's confidence so far, a cloud
+    /// call's wait on its upstream.
     pub meter: Meter,
     pub started: Instant,
     /// When the first text arrived, if it streamed.
@@ -107,8 +108,8 @@ impl Run {
         self.measured().reused_tokens
     }
 
-    /// How long a cloud call has waited on its upstream for the response's
-    /// head (None before the head, and for other targets).
+    /// How long a cloud call waited on its upstream for the answer's first
+    /// bytes (None before them, and for other targets).
     pub fn upstream_wait(&self) -> Option<std::time::Duration> {
         self.measured().upstream_wait
     }

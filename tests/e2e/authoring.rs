@@ -13,7 +13,7 @@ use edgeroute_testkit::{FakeCloud, REPO_ROOT, exclusive, unique};
 use serde_json::json;
 
 use crate::EDGEROUTE;
-use crate::components::POLICY_DEFAULT;
+use crate::components::{POLICY_BANDIT, POLICY_DEFAULT};
 
 fn text(out: &Output) -> String {
     format!(
@@ -159,18 +159,24 @@ fn every_template_builds_and_passes_check_and_its_cases_from_its_own_folder() {
         );
     }
 
-    // The shipped default policy has its own case file.
-    let cases = Path::new(REPO_ROOT).join("components/policy-default/cases.jsonl");
-    let out = edgeroute(
-        &std::env::temp_dir(),
-        &["policy", "test", POLICY_DEFAULT, cases.to_str().unwrap()],
-    );
-    assert!(out.status.success(), "{}", text(&out));
-    assert!(
-        last_line(&out).ends_with("passed, 0 failed"),
-        "{}",
-        text(&out)
-    );
+    // The shipped policies have their own case files; the bandit's learns
+    // from outcomes of its own decisions, case after case.
+    for (policy, cases) in [
+        (POLICY_DEFAULT, "components/policy-default/cases.jsonl"),
+        (POLICY_BANDIT, "components/policy-bandit/cases.jsonl"),
+    ] {
+        let cases = Path::new(REPO_ROOT).join(cases);
+        let out = edgeroute(
+            &std::env::temp_dir(),
+            &["policy", "test", policy, cases.to_str().unwrap()],
+        );
+        assert!(out.status.success(), "{}", text(&out));
+        assert!(
+            last_line(&out).ends_with("passed, 0 failed"),
+            "{}",
+            text(&out)
+        );
+    }
 }
 
 #[test]

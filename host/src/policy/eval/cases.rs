@@ -12,7 +12,10 @@
 //! config's local models and upstreams); setting `sensitivity` alone also
 //! sets `may_leave` as the config's guard would. `observe` lists outcomes
 //! reported to the policy before this case is routed (cases run in order,
-//! on one instance, so state carries over). `expect.decision` is the plan
+//! on one instance, so state carries over); an outcome is for the request
+//! the previous case routed unless it names another (`request_id`), so a
+//! learning policy learns from the decision it made there: give each case
+//! its own `request_id` in `features`. `expect.decision` is the plan
 //! as a label (`local:NAME`, `cloud:NAME`, `local:A→cloud:B`, `reject`,
 //! `failed`); `expect.reason` a regular expression the reason must match.
 //! What is tested is the policy's answer, before the host's guard.
@@ -48,6 +51,8 @@ struct Expect {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Observed {
+    /// The request it is for; by default the one the previous case routed.
+    request_id: Option<String>,
     /// `local:NAME`, `cloud:NAME`, or null when refused.
     served_by: Option<String>,
     #[serde(default = "yes")]
@@ -111,7 +116,9 @@ fn features(config: &Config, overrides: &Map<String, Value>) -> Result<Features,
     Ok(features)
 }
 
-fn outcome(o: &Observed) -> Result<Outcome, String> {
+/// `o` as the policy receives it, for `previous` (the request id the last
+/// case routed) unless it names its own.
+fn outcome(o: &Observed, previous: Option<&str>) -> Result<Outcome, String> {
     // Checked here, so a misspelt target is an error, not a refusal.
     if let Some(label) = &o.served_by {
         label
@@ -127,13 +134,16 @@ fn outcome(o: &Observed) -> Result<Outcome, String> {
         cost_micro_usd: o.cost_micro_usd,
         confidence: o.confidence,
     };
-    Ok(logged.outcome("case", o.feedback))
+    let request_id = o.request_id.as_deref().or(previous).unwrap_or("case");
+    Ok(logged.outcome(request_id, o.feedback))
 }
 
 /// Run every case of `text` on `version`, in order. A line that is not a
 /// valid case is a failed case that says why.
 pub async fn run(version: &PolicyVersion, config: &Config, text: &str) -> Vec<Verdict> {
     let mut verdicts = Vec::new();
+    // The request id the last case routed: its outcomes' default.
+    let mut previous: Option<String> = None;
     for (n, line) in text.lines().enumerate() {
         if line.trim().is_empty() || line.trim_start().starts_with("//") {
             continue;
@@ -148,7 +158,7 @@ pub async fn run(version: &PolicyVersion, config: &Config, text: &str) -> Vec<Ve
                 continue;
             }
         };
-        let failure = run_case(version, config, &case).await.err();
+        let failure = run_case(version, config, &case, &mut previous).await.err();
         verdicts.push(Verdict {
             name: case.name,
             failure,
@@ -157,7 +167,12 @@ pub async fn run(version: &PolicyVersion, config: &Config, text: &str) -> Vec<Ve
     verdicts
 }
 
-async fn run_case(version: &PolicyVersion, config: &Config, case: &Case) -> Result<(), String> {
+async fn run_case(
+    version: &PolicyVersion,
+    config: &Config,
+    case: &Case,
+    previous: &mut Option<String>,
+) -> Result<(), String> {
     if case.expect.decision.is_none() && case.expect.reason.is_none() {
         return Err("expect names neither a decision nor a reason".into());
     }
@@ -170,9 +185,12 @@ async fn run_case(version: &PolicyVersion, config: &Config, case: &Case) -> Resu
         .map_err(|e| format!("expect.reason is not a regular expression: {e}"))?;
     let features = features(config, &case.features)?;
     for observed in &case.observe {
-        version.observe(&outcome(observed)?).await;
+        version
+            .observe(&outcome(observed, previous.as_deref())?)
+            .await;
     }
     let decision = version.route(&features).await;
+    *previous = Some(features.request_id.clone());
     let got = label(&decision);
     let reason = match &decision {
         Ok(d) => d.reason.clone(),

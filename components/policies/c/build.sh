@@ -26,7 +26,7 @@ ensure_c_tools
 ensure_python_tools # wasm-tools
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-"$WIT_BINDGEN_C" "$HERE/../../../wit" policy "$work" >/dev/null
+"$WIT_BINDGEN_C" "$HERE/../../../wit/routing-0.2" policy "$work" >/dev/null
 "$CLANG" --target=wasm32-wasi -mexec-model=reactor -Os -Wall -Wextra -Werror \
     -I "$work" -o "$work/policy.core.wasm" \
     "$HERE/policy.c" "$work/policy.c" "$work/policy_component_type.o" \

@@ -1,8 +1,11 @@
-// The default routing policy, in C (`wit-bindgen c`, clang for wasm32-wasi,
-// `wasm-tools component new`).
+// The reference routing policy, in C (`wit-bindgen c`, clang for wasm32-wasi,
+// `wasm-tools component new`), on the world `edgeroute:routing/policy@0.2.0`
+// (`wit/routing-0.2/`): the exported interface `router` is the functions
+// `exports_edgeroute_routing_router_*`.
 //
-// The same decisions and reason strings as the Rust reference policy
-// (components/policy-default/src/lib.rs): sensitive requests stay local;
+// The reference decisions and reason strings (`edgeroute policy check
+// --reference`, components/policies/cases.jsonl), as the Rust, Python and
+// JavaScript ports make them: sensitive requests stay local;
 // otherwise the prompt length decides (short prompts run on the local model,
 // long ones go to the cloud); availability comes last: a request goes
 // wherever its preferred target exists.
@@ -18,7 +21,8 @@
 //
 // Only malloc/free and memcpy/memcmp from wasi-libc are used: nothing that
 // reaches a WASI function, so the core module imports nothing and the
-// component imports only edgeroute:routing/types.
+// component imports only edgeroute:routing's types (and, as the world has
+// it, its host interface, unused here).
 
 #include <stdlib.h>
 #include <string.h>
@@ -209,7 +213,9 @@ static config_t *current(void) {
   return &CONFIG;
 }
 
-bool exports_policy_configure(policy_list_tuple2_string_string_t *params, str_t *err) {
+bool exports_edgeroute_routing_router_configure(policy_list_tuple2_string_string_t *params,
+                                                exports_edgeroute_routing_router_needs_t *needs,
+                                                str_t *err) {
   // Parse everything before storing, so a bad config changes nothing.
   config_t next = config_defaults();
   bool ok = true;
@@ -240,10 +246,12 @@ bool exports_policy_configure(policy_list_tuple2_string_string_t *params, str_t 
   if (CONFIGURED) config_free(&CONFIG);
   CONFIG = next;
   CONFIGURED = true;
+  *needs = 0; // no costly signal (the prompt embedding) is needed
   return true;
 }
 
-static void decide(const config_t *c, const policy_features_t *f, policy_decision_t *ret) {
+static void decide(const config_t *c, const exports_edgeroute_routing_router_features_t *f,
+                   exports_edgeroute_routing_router_decision_t *ret) {
   bool local = true;
   buf_t reason = {0};
 
@@ -279,23 +287,27 @@ static void decide(const config_t *c, const policy_features_t *f, policy_decisio
   }
 
   const str_t *name = local ? &c->local_model : &c->cloud_upstream;
-  ret->target.tag = local ? EDGEROUTE_ROUTING_TYPES_TARGET_LOCAL : EDGEROUTE_ROUTING_TYPES_TARGET_CLOUD;
-  // local and cloud share the union's storage.
-  ret->target.val.local = str_copy(name->ptr, name->len);
+  ret->plan.tag = EDGEROUTE_ROUTING_TYPES_PLAN_RUN;
+  ret->plan.val.run.tag = local ? EDGEROUTE_ROUTING_TYPES_TARGET_LOCAL : EDGEROUTE_ROUTING_TYPES_TARGET_CLOUD;
+  // The targets' names share the union's storage.
+  ret->plan.val.run.val.local = str_copy(name->ptr, name->len);
   ret->reason = buf_take(&reason);
+  // No propensity: the reference policy does not explore.
+  ret->propensity.is_some = false;
 }
 
-void exports_policy_route(policy_features_t *features, policy_decision_t *ret) {
+void exports_edgeroute_routing_router_route(exports_edgeroute_routing_router_features_t *features,
+                                            exports_edgeroute_routing_router_decision_t *ret) {
   decide(current(), features, ret);
-  policy_features_free(features);
+  exports_edgeroute_routing_router_features_free(features);
 }
 
-void exports_policy_observe(policy_outcome_t *outcome) {
-  static const char LOCAL[] = "local:", CLOUD[] = "cloud:";
-  const str_t *by = &outcome->served_by;
+void exports_edgeroute_routing_router_observe(exports_edgeroute_routing_router_outcome_t *outcome) {
   OBSERVED++;
   if (!outcome->ok) FAILED++;
-  if (by->len >= 6 && memcmp(by->ptr, LOCAL, 6) == 0) SERVED_LOCAL++;
-  else if (by->len >= 6 && memcmp(by->ptr, CLOUD, 6) == 0) SERVED_CLOUD++;
-  policy_outcome_free(outcome);
+  if (outcome->served_by.is_some) {
+    if (outcome->served_by.val.tag == EDGEROUTE_ROUTING_TYPES_TARGET_LOCAL) SERVED_LOCAL++;
+    else if (outcome->served_by.val.tag == EDGEROUTE_ROUTING_TYPES_TARGET_CLOUD) SERVED_CLOUD++;
+  }
+  exports_edgeroute_routing_router_outcome_free(outcome);
 }

@@ -28,7 +28,7 @@ case "${EDGEROUTE_JS_BACKEND:-starlingmonkey}" in
     qjs) backend=(--backend qjs --backend-qjs-stub-wasi --backend-qjs-disable-async) ;;
     *) tc_die "EDGEROUTE_JS_BACKEND must be starlingmonkey or qjs" ;;
 esac
-"$JCO" componentize "$HERE/policy.js" --wit "$HERE/../../../wit" --world-name policy \
+"$JCO" componentize "$HERE/policy.js" --wit "$HERE/../../../wit/routing-0.2" --world-name policy \
     "${backend[@]}" -o "$out" >/dev/null
 ensure_python_tools # wasm-tools, for the imports check
 check_policy_imports "$out"

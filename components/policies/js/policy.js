@@ -1,8 +1,11 @@
-// The default routing policy, in JavaScript (jco componentize /
-// componentize-js).
+// The reference routing policy, in JavaScript (jco componentize /
+// componentize-js), on the world `edgeroute:routing/policy@0.2.0`
+// (`wit/routing-0.2/`): the exported interface `router` is this module's
+// export `router`, an object with its functions.
 //
-// The same decisions and reason strings as the Rust reference policy
-// (components/policy-default/src/lib.rs): sensitive requests stay local;
+// The reference decisions and reason strings (`edgeroute policy check
+// --reference`, components/policies/cases.jsonl), as the Rust, Python and
+// C ports make them: sensitive requests stay local;
 // otherwise the prompt length decides (short prompts run on the local model,
 // long ones go to the cloud); availability comes last: a request goes
 // wherever its preferred target exists.
@@ -14,8 +17,9 @@
 //
 // WIT to JS: records are objects with camelCase fields, a variant is
 // { tag, val }, an enum is its case name as a string, option<T> is
-// T | undefined, and throwing from a function that returns result<_, E>
-// answers err (the thrown object's `payload`).
+// T | undefined, flags are an object of booleans, and throwing from a
+// function that returns result<T, E> answers err (the thrown object's
+// `payload`).
 
 const U32_MAX = 0xffffffff;
 
@@ -89,6 +93,11 @@ function configFromParams(params) {
   return config;
 }
 
+// No propensity: the reference policy does not explore.
+function run(target, reason) {
+  return { plan: { tag: 'run', val: target }, reason, propensity: undefined };
+}
+
 function decide(config, f) {
   const local = { tag: 'local', val: config.localModel };
   const cloud = { tag: 'cloud', val: config.cloudUpstream };
@@ -96,7 +105,7 @@ function decide(config, f) {
   // The guard would overrule a cloud answer anyway; saying "local" keeps
   // the reason honest, and the host fails closed if local is missing.
   if (!f.mayLeave) {
-    return { target: local, reason: 'sensitive: stays local' };
+    return run(local, 'sensitive: stays local');
   }
 
   const localOk = f.localModels.includes(config.localModel);
@@ -106,14 +115,14 @@ function decide(config, f) {
 
   if (n <= t) {
     if (!localOk && cloudOk) {
-      return { target: cloud, reason: 'local model unavailable' };
+      return run(cloud, 'local model unavailable');
     }
-    return { target: local, reason: `short prompt (${n} <= ${t} tokens): local` };
+    return run(local, `short prompt (${n} <= ${t} tokens): local`);
   }
   if (!cloudOk) {
-    return { target: local, reason: 'cloud upstream unavailable: local' };
+    return run(local, 'cloud upstream unavailable: local');
   }
-  return { target: cloud, reason: `long prompt (${n} > ${t} tokens): cloud` };
+  return run(cloud, `long prompt (${n} > ${t} tokens): cloud`);
 }
 
 // `configure` may never run; `route` then uses the defaults.
@@ -121,18 +130,22 @@ let current = defaults();
 // Counters from `observe`: the state a learning policy would keep.
 const counts = { observed: 0, failed: 0, servedLocal: 0, servedCloud: 0 };
 
-export function configure(params) {
+function configure(params) {
   // Parse everything before storing, so a bad config changes nothing.
   current = configFromParams(params);
+  // No costly signal (the prompt embedding) is needed: empty flags.
+  return {};
 }
 
-export function route(features) {
+function route(features) {
   return decide(current, features);
 }
 
-export function observe(outcome) {
+function observe(outcome) {
   counts.observed++;
   if (!outcome.ok) counts.failed++;
-  if (outcome.servedBy.startsWith('local:')) counts.servedLocal++;
-  else if (outcome.servedBy.startsWith('cloud:')) counts.servedCloud++;
+  if (outcome.servedBy?.tag === 'local') counts.servedLocal++;
+  else if (outcome.servedBy?.tag === 'cloud') counts.servedCloud++;
 }
+
+export const router = { configure, route, observe };

@@ -1,7 +1,10 @@
-"""The default routing policy, in Python (componentize-py).
+"""The reference routing policy, in Python (componentize-py), on the world
+`edgeroute:routing/policy@0.2.0` (`wit/routing-0.2/`): it exports the
+interface `router`, so componentize-py looks for a class `Router` here.
 
-The same decisions and reason strings as the Rust reference policy
-(components/policy-default/src/lib.rs):
+The reference decisions and reason strings (`edgeroute policy check
+--reference`, components/policies/cases.jsonl), as the Rust, JavaScript and
+C ports make them:
 
 Sensitive requests stay local; otherwise the prompt length decides: short
 prompts run on the local model, long ones go to the cloud. Availability comes
@@ -13,12 +16,14 @@ Parameters (`[policy.params]` in the node config), all optional:
  - local_max_prompt_tokens (default 512): the longest prompt kept local.
 """
 
-import wit_world
 from componentize_py_types import Err
+from wit_world import exports
 from wit_world.imports.types import (
     Decision,
     Features,
+    Needs,
     Outcome,
+    Plan_Run,
     Target_Cloud,
     Target_Local,
 )
@@ -99,6 +104,11 @@ def config_from_params(params):
     return config
 
 
+def run(target, reason: str) -> Decision:
+    # No propensity: the reference policy does not explore.
+    return Decision(Plan_Run(target), reason, None)
+
+
 def decide(config: Config, f: Features) -> Decision:
     local = Target_Local(config.local_model)
     cloud = Target_Cloud(config.cloud_upstream)
@@ -106,7 +116,7 @@ def decide(config: Config, f: Features) -> Decision:
     # The guard would overrule a cloud answer anyway; saying "local" keeps
     # the reason honest, and the host fails closed if local is missing.
     if not f.may_leave:
-        return Decision(local, "sensitive: stays local")
+        return run(local, "sensitive: stays local")
 
     local_ok = config.local_model in f.local_models
     cloud_ok = config.cloud_upstream in f.cloud_upstreams
@@ -114,11 +124,11 @@ def decide(config: Config, f: Features) -> Decision:
 
     if n <= t:
         if not local_ok and cloud_ok:
-            return Decision(cloud, "local model unavailable")
-        return Decision(local, f"short prompt ({n} <= {t} tokens): local")
+            return run(cloud, "local model unavailable")
+        return run(local, f"short prompt ({n} <= {t} tokens): local")
     if not cloud_ok:
-        return Decision(local, "cloud upstream unavailable: local")
-    return Decision(cloud, f"long prompt ({n} > {t} tokens): cloud")
+        return run(local, "cloud upstream unavailable: local")
+    return run(cloud, f"long prompt ({n} > {t} tokens): cloud")
 
 
 # `configure` may never run; `route` then uses the defaults.
@@ -127,11 +137,13 @@ CONFIG = Config()
 COUNTS = {"observed": 0, "failed": 0, "served_local": 0, "served_cloud": 0}
 
 
-class WitWorld(wit_world.WitWorld):
-    def configure(self, params) -> None:
+class Router(exports.Router):
+    def configure(self, params) -> Needs:
         global CONFIG
         # Parse everything before storing, so a bad config changes nothing.
         CONFIG = config_from_params(params)
+        # No costly signal (the prompt embedding) is needed.
+        return Needs(0)
 
     def route(self, features: Features) -> Decision:
         return decide(CONFIG, features)
@@ -140,7 +152,7 @@ class WitWorld(wit_world.WitWorld):
         COUNTS["observed"] += 1
         if not outcome.ok:
             COUNTS["failed"] += 1
-        if outcome.served_by.startswith("local:"):
+        if isinstance(outcome.served_by, Target_Local):
             COUNTS["served_local"] += 1
-        elif outcome.served_by.startswith("cloud:"):
+        elif isinstance(outcome.served_by, Target_Cloud):
             COUNTS["served_cloud"] += 1

@@ -70,7 +70,8 @@ fn components_dir() -> &'static Path {
     }
 }
 
-fn component(language: &str) -> PathBuf {
+/// A port's component (`python`, `js`, `c`), built once per test run.
+pub(crate) fn component(language: &str) -> PathBuf {
     components_dir().join(format!("policy_{language}.wasm"))
 }
 

@@ -48,6 +48,14 @@ fn build_root(spin: &Path) {
     });
 }
 
+/// The Spin CLI with the root application built, or None (and a printed
+/// reason) where Spin cannot run.
+fn spin_built(test: &str) -> Option<PathBuf> {
+    let spin = spin_or_skip(test)?;
+    build_root(&spin);
+    Some(spin)
+}
+
 fn root(path: &str) -> PathBuf {
     Path::new(REPO_ROOT).join(path)
 }
@@ -130,11 +138,10 @@ fn accepted_with_nodelay(preload: Option<&Path>) -> bool {
 /// itself does what it is for, and nothing without it does.
 #[test]
 fn the_nodelay_shim_turns_nagle_off_for_accepted_connections() {
-    let Some(spin) = spin_or_skip("the_nodelay_shim_turns_nagle_off_for_accepted_connections")
-    else {
+    // The shim is built by `spin build`.
+    if spin_built("the_nodelay_shim_turns_nagle_off_for_accepted_connections").is_none() {
         return;
-    };
-    build_root(&spin);
+    }
     assert!(!accepted_with_nodelay(None), "Nagle is on by default");
     assert!(accepted_with_nodelay(Some(&nodelay_shim())));
 }
@@ -235,11 +242,10 @@ fn ask(prompt: &str) -> Value {
 #[test]
 fn the_spin_gateway_places_requests_with_the_nodes_policy_file_and_guard() {
     let Some(spin) =
-        spin_or_skip("the_spin_gateway_places_requests_with_the_nodes_policy_file_and_guard")
+        spin_built("the_spin_gateway_places_requests_with_the_nodes_policy_file_and_guard")
     else {
         return;
     };
-    build_root(&spin);
     let cloud = FakeCloud::start();
     let (node, keys) = node(&cloud, None);
 
@@ -650,38 +656,20 @@ fn the_spin_gateway_places_requests_with_the_nodes_policy_file_and_guard() {
     cloud.assert_received(&canary, 0);
 }
 
-#[test]
-fn the_spin_gateway_reaches_only_allowed_hosts_and_follows_a_swapped_policy() {
-    let Some(spin) =
-        spin_or_skip("the_spin_gateway_reaches_only_allowed_hosts_and_follows_a_swapped_policy")
-    else {
-        return;
-    };
-    build_root(&spin);
-    let cloud = FakeCloud::start();
-    let elsewhere = FakeCloud::start();
-
-    // The same application with another policy file: the manifest copied
-    // with its files named absolutely and the dependency swapped. This
-    // policy imports `host` (it logs): scripts/spin-policy.sh composes a
-    // host component into it, since Spin gives a dependency none.
-    let dir = tempfile::tempdir().unwrap();
-    let plugged = dir.path().join("policy.wasm");
+/// The application with `policy` plugged in by scripts/spin-policy.sh, in
+/// `dir`: the manifest copied with its files named absolutely and the
+/// dependency swapped. Its path, and what the script said.
+fn with_policy(dir: &Path, policy: &Path) -> (PathBuf, String) {
+    let plugged = dir.join("policy.wasm");
     let out = Command::new("bash")
         .arg(root("scripts/spin-policy.sh"))
-        .args([Path::new(POLICY_CLOUD_V2), plugged.as_path()])
+        .args([policy, plugged.as_path()])
         .output()
         .unwrap();
     let said =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "spin-policy.sh: {said}");
-    assert!(said.contains("composed in"), "{said}");
-    let imports = said.lines().last().unwrap_or_default();
-    assert!(
-        imports.contains("it imports:") && !imports.contains("edgeroute:routing/host"),
-        "{said}"
-    );
-    let manifest = dir.path().join("spin.toml");
+    let manifest = dir.join("spin.toml");
     let text = std::fs::read_to_string(root("spin.toml"))
         .unwrap()
         .replace(
@@ -693,6 +681,67 @@ fn the_spin_gateway_reaches_only_allowed_hosts_and_follows_a_swapped_policy() {
             &root("target-wasm/spin_gateway.wasm").display().to_string(),
         );
     std::fs::write(&manifest, text).unwrap();
+    (manifest, said)
+}
+
+/// A reference port on the 0.2 world plugs into the gateway as the Rust
+/// policies do. The C one imports no `host`, so it goes in unchanged; it
+/// knows no cascade, so where the default policy would escalate every
+/// answer (a threshold no confidence reaches) it keeps a short prompt
+/// local, with its own reason.
+#[test]
+fn the_spin_gateway_runs_the_c_reference_port() {
+    let Some(spin) = spin_built("the_spin_gateway_runs_the_c_reference_port") else {
+        return;
+    };
+    let cloud = FakeCloud::start();
+    let dir = tempfile::tempdir().unwrap();
+    let port = crate::policy_languages::component("c");
+    let (manifest, said) = with_policy(dir.path(), &port);
+    assert!(said.contains("copied unchanged"), "{said}");
+    let (node, keys) = node(&cloud, None);
+    let app = gateway(
+        &spin,
+        &manifest,
+        &node,
+        &keys,
+        &cloud,
+        (&format!("{}/chat/completions", cloud.url()), "sk-spin"),
+        &[cascade_everywhere("1.01")],
+    );
+    let canary = unique("gateway-c-port");
+    let answer = chat(&app, &ask(&format!("Name a colour. {canary}")), &[]);
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(answer.target(), Some("local:smollm2"), "{answer:?}");
+    let reason = answer.reason().unwrap_or_default();
+    assert!(
+        reason.contains("short prompt (") && reason.contains(" <= 100000 tokens): local"),
+        "{answer:?}"
+    );
+    cloud.assert_received(&canary, 0);
+}
+
+#[test]
+fn the_spin_gateway_reaches_only_allowed_hosts_and_follows_a_swapped_policy() {
+    let Some(spin) =
+        spin_built("the_spin_gateway_reaches_only_allowed_hosts_and_follows_a_swapped_policy")
+    else {
+        return;
+    };
+    let cloud = FakeCloud::start();
+    let elsewhere = FakeCloud::start();
+
+    // The same application with another policy file. This policy imports
+    // `host` (it logs): scripts/spin-policy.sh composes a host component
+    // into it, since Spin gives a dependency none.
+    let dir = tempfile::tempdir().unwrap();
+    let (manifest, said) = with_policy(dir.path(), Path::new(POLICY_CLOUD_V2));
+    assert!(said.contains("composed in"), "{said}");
+    let imports = said.lines().last().unwrap_or_default();
+    assert!(
+        imports.contains("it imports:") && !imports.contains("edgeroute:routing/host"),
+        "{said}"
+    );
     let (node, keys) = node(&cloud, Some(POLICY_CLOUD_V2));
     assert_eq!(
         node.get("/healthz").json()["policy"].as_str(),

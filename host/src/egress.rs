@@ -309,12 +309,14 @@ impl WasiHttpHooks for EgressHooks {
             // head before it has read the prompt, its first token after.
             let response = response.map(|body| {
                 use http_body_util::BodyExt;
+                // Only the first data frame is timed: a stream's later
+                // chunks take no lock.
+                let mut timed = false;
                 body.map_frame(move |frame| {
-                    if frame.is_data() {
+                    if !timed && frame.is_data() {
+                        timed = true;
                         let mut measured = meter.lock().unwrap_or_else(|p| p.into_inner());
-                        measured
-                            .upstream_wait
-                            .get_or_insert_with(|| asked.elapsed());
+                        measured.upstream_wait = Some(asked.elapsed());
                     }
                     frame
                 })

@@ -684,41 +684,52 @@ fn with_policy(dir: &Path, policy: &Path) -> (PathBuf, String) {
     (manifest, said)
 }
 
-/// A reference port on the 0.2 world plugs into the gateway as the Rust
-/// policies do. The C one imports no `host`, so it goes in unchanged; it
-/// knows no cascade, so where the default policy would escalate every
-/// answer (a threshold no confidence reaches) it keeps a short prompt
-/// local, with its own reason.
+/// The reference ports on the 0.2 world plug into the gateway as the Rust
+/// policies do. The C one imports no `host`, so it goes in unchanged; the
+/// Python and JavaScript ones log through `host`, so a host component is
+/// composed in. None knows the cascade, so where the default policy would
+/// escalate every answer (a threshold no confidence reaches) each keeps a
+/// short prompt local, with its own reason.
 #[test]
-fn the_spin_gateway_runs_the_c_reference_port() {
-    let Some(spin) = spin_built("the_spin_gateway_runs_the_c_reference_port") else {
+fn the_spin_gateway_runs_the_reference_ports() {
+    let Some(spin) = spin_built("the_spin_gateway_runs_the_reference_ports") else {
         return;
     };
     let cloud = FakeCloud::start();
-    let dir = tempfile::tempdir().unwrap();
-    let port = crate::policy_languages::component("c");
-    let (manifest, said) = with_policy(dir.path(), &port);
-    assert!(said.contains("copied unchanged"), "{said}");
     let (node, keys) = node(&cloud, None);
-    let app = gateway(
-        &spin,
-        &manifest,
-        &node,
-        &keys,
-        &cloud,
-        (&format!("{}/chat/completions", cloud.url()), "sk-spin"),
-        &[cascade_everywhere("1.01")],
-    );
-    let canary = unique("gateway-c-port");
-    let answer = chat(&app, &ask(&format!("Name a colour. {canary}")), &[]);
-    assert_eq!(answer.status, 200, "{answer:?}");
-    assert_eq!(answer.target(), Some("local:smollm2"), "{answer:?}");
-    let reason = answer.reason().unwrap_or_default();
-    assert!(
-        reason.contains("short prompt (") && reason.contains(" <= 100000 tokens): local"),
-        "{answer:?}"
-    );
-    cloud.assert_received(&canary, 0);
+    for (language, plugged) in [
+        ("c", "copied unchanged"),
+        ("python", "composed in"),
+        ("js", "composed in"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let port = crate::policy_languages::component(language);
+        let (manifest, said) = with_policy(dir.path(), &port);
+        assert!(said.contains(plugged), "{language}: {said}");
+        let app = gateway(
+            &spin,
+            &manifest,
+            &node,
+            &keys,
+            &cloud,
+            (&format!("{}/chat/completions", cloud.url()), "sk-spin"),
+            &[cascade_everywhere("1.01")],
+        );
+        let canary = unique(&format!("gateway-{language}-port"));
+        let answer = chat(&app, &ask(&format!("Name a colour. {canary}")), &[]);
+        assert_eq!(answer.status, 200, "{language}: {answer:?}");
+        assert_eq!(
+            answer.target(),
+            Some("local:smollm2"),
+            "{language}: {answer:?}"
+        );
+        let reason = answer.reason().unwrap_or_default();
+        assert!(
+            reason.contains("short prompt (") && reason.contains(" <= 100000 tokens): local"),
+            "{language}: {answer:?}"
+        );
+        cloud.assert_received(&canary, 0);
+    }
 }
 
 #[test]

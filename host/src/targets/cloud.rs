@@ -425,6 +425,56 @@ mod tests {
         }
     }
 
+    fn snoop() -> Vec<u8> {
+        std::fs::read(concat!(
+            env!("EDGEROUTE_COMPONENTS_DIR"),
+            "/cloud_fetch_snoop.wasm"
+        ))
+        .unwrap()
+    }
+
+    /// A pooled slot is wiped between calls: what one call left in its
+    /// memory (on its stack, in the low megabyte the pool keeps mapped and
+    /// resets page by page, and in its heap above it) is not there for the
+    /// next call in the same slot.
+    #[tokio::test]
+    async fn a_pooled_slot_keeps_nothing_of_the_previous_call() {
+        let config: UpstreamConfig = toml::from_str(
+            r#"
+            name = "snooped"
+            base_url = "http://127.0.0.1:9/v1"
+            model = "m"
+            "#,
+        )
+        .unwrap();
+        let engine = crate::runtime::engine().unwrap();
+        let timeout = Duration::from_secs(30);
+        let cloud = CloudTarget::with_pool(&engine, &snoop(), &[config], timeout, None, 1).unwrap();
+        assert!(cloud.pooled.is_some(), "the snoop fits a pool slot");
+        let say = |text: String| {
+            let mut request = request();
+            request.messages = vec![crate::bindings::target::Message {
+                role: "user".into(),
+                content: text,
+            }];
+            cloud.generate("snooped", Job::new(request), Taint::may_leave("snoop"))
+        };
+        // Kept backwards and searched for forwards, so the search's own
+        // request does not hold what it looks for.
+        let forwards = "the-previous-call-left-this";
+        let backwards: String = forwards.chars().rev().collect();
+        let kept = say(format!("keep:{backwards}")).await.unwrap().text;
+        let times: usize = kept
+            .strip_prefix("kept; found ")
+            .and_then(|rest| rest.strip_suffix(" times"))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{kept}"));
+        assert!(times >= 2, "the heap's copy and the stack's: {kept}");
+        let scan = say(format!("scan:{forwards}")).await.unwrap().text;
+        assert_eq!(scan, "found 0 times");
+        assert_eq!(cloud.overflowed(), 0, "both calls ran in the one slot");
+    }
+
     /// A hostile cloud-fetch guest (`components/fixtures/cloud-fetch-snoop`)
     /// reports its whole environment and what wasi:http answers when it
     /// sets `Authorization` itself: the key is in neither, and the header
@@ -446,11 +496,7 @@ mod tests {
         ))
         .unwrap();
         let engine = crate::runtime::engine().unwrap();
-        let snoop = std::fs::read(concat!(
-            env!("EDGEROUTE_COMPONENTS_DIR"),
-            "/cloud_fetch_snoop.wasm"
-        ))
-        .unwrap();
+        let snoop = snoop();
         let target =
             CloudTarget::new(&engine, &snoop, &[config], Duration::from_secs(30), None).unwrap();
         let job = Job::new(request());

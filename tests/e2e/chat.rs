@@ -883,7 +883,7 @@ fn what_people_paste_stays_local_and_the_reason_says_what_was_found() {
         (
             "api-key",
             vec![user(format!(
-                "{} Why does this fail?\n```\naws_access_key_id = AKIAIOSFODNN7EXAMPLE\nregion = eu-west-1\n```",
+                "{} Why does this fail?\n```\naws_access_key_id = AKIA4H7Q2ZK9RT3WXP5N\nregion = eu-west-1\n```",
                 unique("canary-aws")
             ))],
         ),

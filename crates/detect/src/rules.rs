@@ -75,7 +75,7 @@ fn unless(mut r: Rule, words: &str) -> Rule {
 /// Every built-in rule.
 pub fn builtin() -> Vec<Rule> {
     let digits = |n: usize| format!(r"\d(?:{S}\d){{{}}}", n - 1);
-    vec![
+    let rules = vec![
         // Structured identifiers.
         rule(
             "email",
@@ -177,18 +177,27 @@ pub fn builtin() -> Vec<Rule> {
         // National mobile numbers as people write them, distinctive
         // enough without a phone word: French (06 12 34 56 78, pairs
         // apart), British (07700 900123, the space after the prefix),
-        // Japanese (090-1234-5678). Written solid they are order numbers
-        // as often as phones, so the separators are required.
-        rule("phone", &bounded(r"0[67](?:[ .\-]\d{2}){4}"), None),
-        rule("phone", &bounded(r"07\d{3} \d{6}"), None),
-        rule("phone", &bounded(r"0[789]0-\d{4}-\d{4}"), None),
+        // Japanese (090-1234-5678), Spanish (612 48 93 07), German (0151
+        // 2345 6789), Dutch (06-12345678), Brazilian ((11) 91234-5678),
+        // Chinese spaced 3-4-4 (138 0013 8000), Indian 5-5 (98765 43210).
+        // Written solid they are order numbers as often as phones, so the
+        // separators are required. One pattern: one search of the text.
+        rule(
+            "phone",
+            &bounded(
+                r"0[67](?:[ .\-]\d{2}){4}|07\d{3} \d{6}|0[789]0-\d{4}-\d{4}|[67]\d{2} \d{2} \d{2} \d{2}|01[5-7]\d{1,2} \d{3,4} \d{3,4}|06-\d{8}|\(\d{2}\) ?9?\d{4}-\d{4}|1[3-9]\d[ \-]\d{4}[ \-]\d{4}|[6-9]\d{4} \d{5}",
+            ),
+            None,
+        ),
         with_context(
             rule(
                 "phone",
                 &bounded(r"\(?\d{2,5}\)?[ .\-/]?\d{2,4}[ .\-]?\d{2,4}(?:[ .\-]?\d{2,4})?"),
-                Some(v::phone_digits),
+                Some(phone_not_date),
             ),
-            r"phone|tel|call|mobile|cell|ring|whatsapp|signal|fax|telefon|téléphone|teléfono|handy|portable|móvil|celular|cellulare|电话|手机|联系|電話|携帯|전화|휴대폰|핸드폰|телефон|мобильн|फ़ोन|फोन|مو?بايل|هاتف",
+            // "call" as a word: "releases are called 2024.01.15" is not
+            // a phone.
+            r"phone|tel|\bcall(?:s|ing)?\b|\bcall me|mobile|\bmobil\b|cell|ring|whatsapp|signal|fax|telefon|téléphone|teléfono|handy|portable|móvil|celular|cellulare|ll[aá]m|\bbel(?:len)?\b|\bruf\b|rufnummer|erreichen|\bchama\b|\bzap\b|\bligue?\b|电话|手机|联系|電話|携帯|전화|휴대폰|핸드폰|телефон|мобильн|फ़ोन|फोन|அழை|مو?بايل|هاتف",
         ),
         // Addresses: a house number and a capitalised street name ("221B
         // Baker Street"; "the square" in a sentence is not one), a UK postcode, a
@@ -220,8 +229,26 @@ pub fn builtin() -> Vec<Rule> {
         ),
         rule(
             "postal-address",
-            r"\p{Han}{2,24}(?:路|街|道|巷|里)\d{1,5}号",
+            // A Shanghai lane (弄) may come between road and number.
+            r"\p{Han}{2,24}(?:路|街|道|巷|里)\d{1,5}(?:弄\d{1,5})?号",
             None,
+        ),
+        // A post-office box, in the languages of the other rules, and
+        // house, flat and plot numbers as Indian addresses give them
+        // ("H. No. 12", "मकान नं. 214"); one pattern.
+        rule(
+            "postal-address",
+            r"(?i)(?:\b(?:p\.? ?o\.? ?box|postbus|postfach|apartado(?: de correos)?|caixa postal|casella postale|boîte postale)\s?\d{1,6}\b|(?:\b(?:house|flat|plot)\s?no\b|\bh\.\s?no\b|मकान\s?(?:नं|नंबर))\.?\s?[:#]?\s?\d{1,5})",
+            None,
+        ),
+        // An Irish Eircode, after a county or the country.
+        with_context(
+            rule(
+                "postal-address",
+                r"\b[AC-FHKNPRTV-Y]\d{2}\s?[0-9AC-FHKNPRTV-Y]{4}\b",
+                None,
+            ),
+            r"\bco\.|county|ireland|éire|eircode",
         ),
         // Japanese: the postal mark and its 7 digits, or a block number
         // (丁目); Korean: a district (구) and then a road (로, 길) and its
@@ -251,15 +278,18 @@ pub fn builtin() -> Vec<Rule> {
             r"born|birth|dob|d\.o\.b|birthday|geboren|geburt|geb\.|né le|née le|naissance|nacimiento|nació|nato il|nata il|nascita|nascimento|nascido|nascida|geboorte|född|urodzon|urodzenia|doğum|рожден|родил|जन्म|ngày sinh|tanggal lahir|تاريخ الميلاد|出生|生日|生于|生年月日|생년월일|생일|출생",
         ),
         // Not right after a word that makes it a version ("firmware
-        // 2.4.1.7", "version 1.0.0.12"); "build" or "release" may name a
-        // server as well, so they do not excuse one.
+        // 2.4.1.7", "version 1.0.0.12", "upgrade to 3.2.1.2") or a
+        // document's numbering ("section 4.2.1.3"); "build" or "release"
+        // may name a server as well, so they do not excuse one. A network
+        // written with its prefix and no host bits ("10.0.0.0/16") is not
+        // an address.
         unless(
             rule(
                 "ip-address",
-                r"(?:^|[^0-9A-Za-z.])(\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3})(?:[^0-9A-Za-z.]|\.(?:\s|$)|$)",
-                Some(v::ipv4),
+                r"(?:^|[^0-9A-Za-z.])(\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}(?:/\d{1,2})?)(?:[^0-9A-Za-z.]|\.(?:\s|$)|$)",
+                Some(v::ip_address),
             ),
-            r"\b(?:version|ver\.?|firmware|versión|versão|versione|固件|版本)\s{0,3}[:#]?\s{0,3}$",
+            r"(?:\b(?:version|ver\.?|firmware|versión|versão|versione|(?:upgrad|updat|downgrad)(?:e|ed|ing)?\s+to|section|sect?\.|clause|chapter|paragraph|para\.|article|art\.|abschnitt|kapitel|chapitre|apartado|capítulo|sezione|capitolo)|§|固件|版本|章节)\s{0,3}[:#]?\s{0,3}$",
         ),
         rule(
             "ip-address",
@@ -328,15 +358,17 @@ pub fn builtin() -> Vec<Rule> {
         // characters" is a rule about passwords, not one.
         rule(
             "password",
-            r#"(?i)(?:password|passwd|pwd|passwort|kennwort|mot de passe|contraseña|senha|密码|口令)\s*["']?\s*[=:：]\s*["']?([^\s"',;]{4,256}(?:[ \t]+[^\s"',;]{1,64})?)"#,
+            r#"(?i)(?:password|passwd|pwd|passwort|kennwort|mot de passe|contraseña|senha|wachtwoord|密码|口令|पासवर्ड)\s*["']?\s*[=:：]\s*["']?([^\s"',;]{4,256}(?:[ \t]+[^\s"',;]{1,64})?)"#,
             Some(assigned_password),
         ),
         // Said rather than assigned: "my password is hunter2", "le mot de
-        // passe est Soleil42", "パスワードは abc123!". Only a value with a
-        // digit or a symbol counts ("the password is incorrect" is not one).
+        // passe est Soleil42", "パスワードは abc123!", also with what it
+        // is for in between ("the password for the router is …", "la
+        // password del wifi di casa è …"). Only a value with a digit or a
+        // symbol counts ("the password is incorrect" is not one).
         rule(
             "password",
-            r#"(?i)(?:\b(?:password|passwd|passcode|passphrase|mot de passe|passwort|kennwort|contraseña|senha|wachtwoord)|пароль|パスワード|비밀번호|密码|口令)\s{0,3}(?:[:：]\s{0,3})?(?:is|was|ist|lautet|est|es|é|è|это|は|는|은|是|为)?\s{0,3}(?:now|still|set to|changed to)?\s{0,3}["'«“„]?([^\s"'»”“,;]{4,64})"#,
+            r#"(?i)(?:\b(?:password|passwd|passcode|passphrase|mot de passe|passwort|kennwort|contraseña|senha|wachtwoord)|пароль|パスワード|비밀번호|密码|口令|पासवर्ड)(?:\s+(?:for|of|to|on|van|voor|del|della|dello|di|für|vom|von|du|de|des|da|do)\b(?:\s+[^\s,;:]{1,20}){1,4}?\s+(?:is|was|ist|lautet|est|es|é|è|era))?\s{0,3}(?:[:：]\s{0,3})?(?:is|was|ist|lautet|est|es|é|è|это|は|는|은|是|为)?\s{0,3}(?:now|still|set to|changed to)?\s{0,3}["'«“„]?([^\s"'»”“,;]{4,64})"#,
             Some(said_password),
         ),
         rule(
@@ -357,7 +389,37 @@ pub fn builtin() -> Vec<Rule> {
             r"(?i)\bauthorization:\s*basic\s+([A-Za-z0-9+/]{8,512}={0,2})",
             None,
         ),
-    ]
+    ];
+    // A provider's key format filled with one character or marked as the
+    // provider's documentation example is a placeholder, not a key.
+    rules
+        .into_iter()
+        .map(|r| match r.kind {
+            "api-key" if r.check.is_none() => Rule {
+                check: Some(not_an_example_key),
+                ..r
+            },
+            _ => r,
+        })
+        .collect()
+}
+
+/// Not a documentation example ("AKIAIOSFODNN7EXAMPLE", AWS's) nor a
+/// format filled in with one character ("sk_test_xxxxxxxxxxxxxxxx"): six
+/// of one character in a row is about one in a billion in a random key.
+fn not_an_example_key(s: &str) -> bool {
+    let mut run = (None, 0);
+    for c in s.chars() {
+        run = if run.0 == Some(c) {
+            (run.0, run.1 + 1)
+        } else {
+            (Some(c), 1)
+        };
+        if run.1 >= 6 {
+            return false;
+        }
+    }
+    !s.to_ascii_uppercase().contains("EXAMPLE")
 }
 
 /// A UK postcode's outward code starts with a known letter and the inward
@@ -375,17 +437,31 @@ fn us_state(s: &str) -> bool {
     STATES.split(' ').any(|state| s.starts_with(state))
 }
 
+/// A phone number after a phone word, unless its digits are a date with
+/// its year ("2024.01.15", "15.01.2024").
+fn phone_not_date(s: &str) -> bool {
+    v::phone_digits(s) && !is_dated(s)
+}
+
+/// Three groups of digits, the year first or last: a date.
+fn is_dated(s: &str) -> bool {
+    let groups: Vec<&str> = s
+        .split(['.', '-', '/', ' '])
+        .filter(|g| !g.is_empty())
+        .collect();
+    groups.len() == 3
+        && groups.iter().all(|g| g.bytes().all(|c| c.is_ascii_digit()))
+        && matches!(
+            groups.iter().map(|g| g.len()).collect::<Vec<_>>()[..],
+            [4, 1 | 2, 1 | 2] | [1 | 2, 1 | 2, 4]
+        )
+}
+
 /// Groups of digits that are a date with its year ("opened 2023-10-05",
 /// "05-10-2023") are not an account number. (A sort code, 12-34-56, has
 /// no year and stays one.)
 fn not_a_date(s: &str) -> bool {
-    let groups: Vec<&str> = s.split('-').collect();
-    let is_date = groups.len() == 3
-        && matches!(
-            groups.iter().map(|g| g.len()).collect::<Vec<_>>()[..],
-            [4, 1 | 2, 1 | 2] | [1 | 2, 1 | 2, 4]
-        );
-    !is_date
+    !is_dated(s)
 }
 
 /// A password someone wrote out in a sentence: not a placeholder, starting
@@ -425,8 +501,29 @@ fn assigned_password(s: &str) -> bool {
             .chars()
             .all(|c| c.is_ascii_lowercase() || c == '_');
     let path = (value.starts_with('/') || value.starts_with("~/")) && value[1..].contains('/');
-    let not_a_value = sentence || length_range(&word) || yaml_tag || path;
+    // "Password: printed on the label": words, not a value.
+    let lower_word =
+        |w: &str| !w.is_empty() && w.chars().all(|c| c.is_alphabetic() && !c.is_uppercase());
+    let phrase = lower_word(value) && next.is_some_and(lower_word);
+    let not_a_value =
+        sentence || phrase || length_range(&word) || yaml_tag || path || code_reference(value);
     !not_a_value && value.chars().count() >= 4 && not_placeholder(value) && not_placeholder(&word)
+}
+
+/// Code that reads a password from somewhere rather than a password:
+/// a dotted name called or indexed (`os.environ["DB_PASSWORD"]`,
+/// `models.CharField(max_length=128)`), a call or index with a quoted
+/// argument (`getenv("PW")`: the value ends at the quote), or
+/// `process.env.…`. "Abc(123" is still a password.
+fn code_reference(value: &str) -> bool {
+    let name_end = value
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'))
+        .unwrap_or(value.len());
+    let (name, rest) = value.split_at(name_end);
+    let is_name = name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_');
+    let opens = rest.starts_with(['(', '[']);
+    (is_name && opens && (name.contains('.') || rest.len() == 1))
+        || value.starts_with("process.env.")
 }
 
 /// Words a rule about passwords starts with ("Password: must be …").

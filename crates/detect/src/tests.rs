@@ -150,6 +150,17 @@ fn phones() {
             "meu celular é 11 98765 4321",
             "전화 010-1234-5678",
             "телефон 8 912 345 67 89",
+            "llámame al 91 123 45 67",
+            "bel me op 020 123 4567",
+            "Sie erreichen mich unter 089 1234 5678",
+            "me chama no zap 11 98765 4321",
+            // More national mobiles by their grouping alone.
+            "Nachricht an 612 34 56 78 bitte",
+            "mobil: 0172 3456 7890",
+            "sms naar 06-12345678",
+            "fala comigo (21) 98765-4321",
+            "客户电话139 1234 5678",
+            "delivery wale ko 98765 43210 pe",
         ],
     );
     misses(
@@ -160,6 +171,9 @@ fn phones() {
             "order 0612345678 shipped",
             "invoice 07700900123",
             "ratio 06 12 34",
+            // A phone word's look-alikes: "called", and a date.
+            "the releases are called 2024.03.18 and 2024.05.2",
+            "phone bill of 2024.03.18",
         ],
     );
 }
@@ -182,6 +196,13 @@ fn addresses_dates_and_network() {
             "〒100-0001 東京都千代田区",
             "千代田区千代田1丁目1",
             "서울특별시 강남구 테헤란로 123",
+            "上海市徐汇区漕溪北路595弄3号",
+            "P.O. Box 4471, Springfield",
+            "Postbus 1234, Utrecht",
+            "Postfach 10 20 30",
+            "Flat No. 12, Sector 4",
+            "मकान नं. 57, सेक्टर 9",
+            "Ballyhaunis Road, Co. Galway H91 X2P7",
         ],
     );
     misses(
@@ -191,6 +212,8 @@ fn addresses_dates_and_network() {
             "Multiply 4821 by 3907 and then subtract the square of 97",
             "서울로 2명이 갑니다",
             "sent via email, 12 people replied",
+            "the box 42 in row 7",
+            "part H91 X2P7 is out of stock",
         ],
     );
     finds(
@@ -225,6 +248,21 @@ fn addresses_dates_and_network() {
             "pi is 3.14159",
             "Firmware 2.4.1.7 fixes it",
             "upgrade to version: 1.0.0.12",
+            "then upgrade to 3.2.1.2 from there",
+            "see section 4.2.1.3 of the RFC",
+            "§ 2.1.4.1 says so",
+            "版本 2.4.1.7",
+            // Networks, not hosts.
+            "vpc_cidr = 10.0.0.0/16",
+            "subnet 172.16.8.0/22",
+        ],
+    );
+    finds(
+        "ip-address",
+        &[
+            // A host inside a network is still one.
+            "allow 10.0.3.17/32",
+            "the host 10.1.2.3/16",
         ],
     );
     finds("mac-address", &["mac 00:1A:2B:3C:4D:5E"]);
@@ -235,7 +273,7 @@ fn secrets() {
     finds(
         "api-key",
         &[
-            "AKIAIOSFODNN7EXAMPLE",
+            "AKIA4H7Q2ZK9RT3WXP5N",
             "ghp_abcdefghijklmnopqrstuvwxyz0123456789",
             "glpat-abcdefghij0123456789",
             "xoxb-123456789012-abcdefghij",
@@ -262,6 +300,10 @@ fn secrets() {
             "pypi-package",
             "at 12:30 AA flight",
             "r8_short",
+            // Documentation examples and formats filled with one character.
+            "AKIAIOSFODNN7EXAMPLE",
+            "STRIPE_SECRET_KEY=sk_test_xxxxxxxxxxxxxxxxxxxxxxxx",
+            "ghp_000000000000000000000000000000000000",
         ],
     );
     finds("private-key", &["-----BEGIN RSA PRIVATE KEY-----\nMIIE..."]);
@@ -303,6 +345,13 @@ fn secrets() {
             "pwd: /home/alice/projects",
             "The password is case-sensitive, right?",
             "what does 'password: hidden' mean?",
+            // Words, and code that reads a password from somewhere.
+            "Password: printed on the label",
+            "the password for the admin account is printed on the label",
+            "db_password = os.environ[\"DB_PASSWORD\"]",
+            "password = models.CharField(max_length=128)",
+            "PASSWORD = getenv(\"PW\")",
+            "const password = process.env.DB_PASSWORD;",
         ],
     );
     finds(
@@ -317,6 +366,12 @@ fn secrets() {
             "user: admin password: swordfish host: db1",
             "password: letmein (temporary)",
             "password: !QAZ2wsx",
+            "password: Abc(123",
+            // What it is for, between the word and the value.
+            "the password for the router is Tiger#4412",
+            "la password del wifi di casa è Girasole_77",
+            "het wachtwoord van de gedeelde mailbox is Fiets!88",
+            "वाई-फाई का पासवर्ड: Chai@Home12",
         ],
     );
     finds(
@@ -358,6 +413,14 @@ fn confidential_prose() {
             "the difference between confidential, secret and top secret",
             "Who directed L.A. Confidential?",
             "This email may contain confidential information.",
+            // Technology names, a mention after a word, a scheme of
+            // levels, the duty of confidentiality, the doctrine's name.
+            "Qu'est-ce que l'informatique confidentielle ?",
+            "¿Qué es la computación confidencial?",
+            "Was bedeutet der Vermerk „vertraulich“ auf einem Brief?",
+            "Our labels are Public, Internal Only, Confidential and Restricted.",
+            "员工离职后的保密义务持续多久？",
+            "Explain attorney-client privilege to a student.",
         ],
     );
     finds(
@@ -370,6 +433,9 @@ fn confidential_prose() {
             "\"Confidential\" - Q3 minutes",
             "Confidential and restricted: the merger terms",
             "INTERNAL, CONFIDENTIAL",
+            "Gehaltsliste: Anna 62.000 €, Tom 58.500 €",
+            "This memo is attorney-client privileged.",
+            "请对这份文件保密",
         ],
     );
 }

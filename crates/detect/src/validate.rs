@@ -248,6 +248,29 @@ pub fn ipv4(s: &str) -> bool {
             .all(|p| ["0", "128", "192", "224", "240", "248", "252", "254", "255"].contains(p))
 }
 
+/// An IPv4 address, perhaps with a prefix length: a network written with
+/// its prefix and no host bits ("10.0.0.0/16") names no host.
+pub fn ip_address(s: &str) -> bool {
+    let (address, prefix) = match s.split_once('/') {
+        Some((address, prefix)) => (address, prefix.parse::<u32>().ok()),
+        None => (s, None),
+    };
+    if !ipv4(address) {
+        return false;
+    }
+    match prefix {
+        Some(bits @ 0..=31) => {
+            let value = address
+                .split('.')
+                .fold(0_u32, |acc, p| (acc << 8) | p.parse::<u32>().unwrap_or(0));
+            value & (u32::MAX >> bits) != 0
+        }
+        // "/32" is one host; "/40" is no prefix length: the address alone
+        // counts.
+        _ => true,
+    }
+}
+
 /// EU VAT numbers by country format, separators ignored.
 pub fn eu_vat(s: &str) -> bool {
     static FORMATS: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {

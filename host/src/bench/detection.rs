@@ -83,7 +83,7 @@ fn scan_time(detector: &Detector) {
     let filler = "The quarterly report lists 42 stores, 1,250 staff and revenue of 3.4 million across 12 regions; please summarise it in three bullet points. ";
     let mut prompt = filler.repeat(4096 / filler.len() + 1);
     prompt.truncate(4000);
-    prompt.push_str(" key AKIAIOSFODNN7EXAMPLE");
+    prompt.push_str(" key AKIA4H7Q2ZK9RT3WXP5N");
     let mut timings = Vec::with_capacity(200);
     for _ in 0..200 {
         let t = Instant::now();

@@ -112,10 +112,11 @@ pub struct Options {
     #[arg(long)]
     pub observability_only: bool,
     /// The labelled detection sets to score the detector on (repeatable):
-    /// by default the two the rules were tuned on (the generated set and
-    /// the hand-written topics) and the held-out one
+    /// by default the three the rules were tuned on (the generated set,
+    /// the hand-written topics and the development set,
+    /// tests/detection/DEV.md) and the held-out one
     /// (tests/detection/HELDOUT.md), which estimates unseen text.
-    #[arg(long, default_values = ["tests/detection/eval.jsonl", "tests/detection/topics.jsonl", "tests/detection/heldout.jsonl"])]
+    #[arg(long, default_values = ["tests/detection/eval.jsonl", "tests/detection/topics.jsonl", "tests/detection/dev.jsonl", "tests/detection/heldout.jsonl"])]
     pub detection_set: Vec<std::path::PathBuf>,
     /// A policy that asks for the prompt embedding (e.g. the bandit's
     /// .wasm): its route call is timed on features with an embedding.

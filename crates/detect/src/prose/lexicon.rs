@@ -43,7 +43,9 @@ static LEXICON: LazyLock<Lexicon> = LazyLock::new(|| {
             "do not (?:share|distribute|forward)",
             "not for distribution",
             "under (?:an )?nda",
-            "attorney-client privileged?",
+            // The marking; the doctrine's name ("attorney-client
+            // privilege") is a topic word below.
+            "attorney-client privileged",
             "privileged and confidential",
             "vertraulich",
             "streng geheim",
@@ -125,7 +127,9 @@ static LEXICON: LazyLock<Lexicon> = LazyLock::new(|| {
             "severance",
             "performance review",
             "disciplinary",
-            "gehalt",
+            // German compounds: Gehaltsliste, Gehälter, Gehaltserhöhung.
+            "gehalt\\w*",
+            "gehälter\\w*",
             "salaire",
             "sueldo",
             "salario",
@@ -135,6 +139,7 @@ static LEXICON: LazyLock<Lexicon> = LazyLock::new(|| {
             "年薪",
             "裁员",
             // Legal.
+            "attorney-client privilege",
             "lawsuit",
             "litigation",
             "sued",
@@ -175,23 +180,32 @@ static LEXICON: LazyLock<Lexicon> = LazyLock::new(|| {
     }
 });
 
-/// Phrases that look confidential but are not: a technology's name, a
-/// marking quoted as a word ("mark it 'confidential'?", a glossary's
-/// « confidentiel »), classification levels named as such, the standard
-/// e-mail disclaimer (on every message, secret or not), a film's title.
+/// Phrases that look confidential but are not: a technology's name (in
+/// the languages of the markings), a marking quoted as a word ("mark it
+/// 'confidential'?", a glossary's « confidentiel », der Vermerk
+/// „vertraulich“: after a word — not a heading, `"Confidential" - Q3`, nor
+/// a JSON value, `"level": "confidential"`, which mark their text), a list of three or more classification
+/// levels (a scheme, not a document's level), the duty or agreement of
+/// confidentiality in Chinese (保密义务, 保密协议: like "confidentiality",
+/// which the English marking's word boundary already leaves out), the
+/// standard e-mail disclaimer (on every message, secret or not), a film's
+/// title.
 static NOT_CONFIDENTIAL: LazyLock<Regex> = LazyLock::new(|| {
+    const LEVEL: &str = r"public|internal(?:\ (?:use\ )?only)?|restricted|(?:highly\ |strictly\ )?confidential|(?:top\ )?secret|sensitive|unclassified|classified|official";
     Regex::new(
-        r#"(?ix)
+        &r#"(?ix)
         confidential\ (?:computing|vms?|containers?|ai|inference)
+        | informatique\ confidentielle | (?:computación|computação)\ confidencial
+        | elaborazione\ confidenziale | vertrauliche[sn]?\ (?:rechnen|computing)
         | cancer\ (?:research|awareness|society)
-        | 机密计算
-        | (?:\bmark(?:ed)?|\blabel(?:led)?|\bword|\bterm|\bas|\bcalled|\bentre|\bbetween|\bund|\band|\bet|\by|übersetze|traduis|traduce|translate)
-          \s+(?:it\s+|this\s+)?['"‘“«„]\s?(?:confidential|vertraulich|streng\ geheim|confidentiel(?:le)?|confidencial|riservato|internal\ only)\s?['"’”»“]
-        | confidential,\ secret,?\ (?:and|or)\ top\ secret
-        | (?:public|internal),\ (?:internal|restricted),?\ (?:and\ |or\ )?confidential
+        | 机密计算 | 保密(?:义务|協議|协议|条款|期限|责任|制度|法)
+        | \p{L}\s*['"‘“«„]\s?(?:confidential|vertraulich|streng\ geheim|confidentiel(?:le)?|confidencial|riservato|internal\ only|usage\ interne|uso\ interno)\s?['"’”»“]
+        | (?:LEVEL)(?:\s?[,/]\s?(?:LEVEL)){2,}
+        | (?:LEVEL)(?:\s?[,/]\s?(?:LEVEL))+,?\s(?:and|or|&|und|oder|et|ou|y|o|e|en|of)\s(?:LEVEL)
         | may\ contain\ (?:confidential|privileged)(?:\ and(?:/or)?\ (?:confidential|privileged))?\ information
         | l\.a\.\ confidential
-        "#,
+        "#
+        .replace("LEVEL", LEVEL),
     )
     .expect("allow phrases")
 });

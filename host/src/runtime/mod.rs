@@ -41,20 +41,15 @@ const POOL_TABLES_PER_COMPONENT: u32 = 8;
 /// A slot's linear memory may grow to this (the fetcher holds one
 /// non-streamed answer at most).
 const POOL_MAX_MEMORY: usize = 256 << 20;
-/// Pages of a slot's linear memory up to this stay mapped when the slot is
-/// reused; the kernel's PAGEMAP_SCAN (Linux 6.7+, `pagemap_scan`) names
-/// the ones the last call dirtied and only those are reset to the image,
-/// so the next call takes no page faults for them and no `madvise` (whose
-/// TLB flush interrupts the other cores) runs. 1 MiB holds what a
-/// fetcher call touches (its stack is the first 1 MiB; the heap a short
-/// answer needs comes after, and is returned to the kernel): 64 slots
-/// keep at most 64 MiB. Measured (`bench --proxy-only`, 4 runs each, same
-/// build): the cloud step p50 403–422 µs -> 343–373 µs, pooled / fresh
-/// instance 0.79–0.81 -> 0.72–0.75 (p99 within noise); 2 and 4 MiB
-/// measured no better. Without
-/// the ioctl (older kernels) the first 1 MiB is `memset` whole, which
-/// measured within noise of 128 KiB.
-const POOL_KEEP_RESIDENT: usize = 1 << 20;
+/// Kept mapped and zeroed with `memset` when a slot is reused; the rest is
+/// returned to the kernel. 0, 128 KiB and 1 MiB measured within noise of
+/// each other (`bench --proxy-only`); 128 KiB bounds what 64 idle slots
+/// hold to 8 MiB. Wasmtime's `pagemap_scan` (reset only the pages a call
+/// dirtied, found with the kernel's PAGEMAP_SCAN) measured a cloud step
+/// ~40 µs faster at p50, p99 within noise, and is not used: in wasmtime
+/// 48 a dirty page that is swapped out is neither reset nor decommitted,
+/// so on a host with swap the next call in the slot could read it.
+const POOL_KEEP_RESIDENT: usize = 128 << 10;
 
 /// An engine for components instantiated once per call, many times a
 /// second (the cloud fetcher): their memories, tables and fiber stacks
@@ -80,8 +75,7 @@ pub fn pooled_engine(slots: u32) -> anyhow::Result<Engine> {
         .max_memory_size(POOL_MAX_MEMORY)
         .linear_memory_keep_resident(POOL_KEEP_RESIDENT)
         .table_keep_resident(64 << 10)
-        .async_stack_keep_resident(64 << 10)
-        .pagemap_scan(wasmtime::Enabled::Auto);
+        .async_stack_keep_resident(64 << 10);
     let mut config = config();
     config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
     Ok(Engine::new(&config)?)

@@ -195,9 +195,7 @@ pub fn builtin() -> Vec<Rule> {
                 &bounded(r"\(?\d{2,5}\)?[ .\-/]?\d{2,4}[ .\-]?\d{2,4}(?:[ .\-]?\d{2,4})?"),
                 Some(phone_not_date),
             ),
-            // "call" as a word: "releases are called 2024.01.15" is not
-            // a phone.
-            r"phone|tel|\bcall(?:s|ing)?\b|\bcall me|mobile|\bmobil\b|cell|ring|whatsapp|signal|fax|telefon|téléphone|teléfono|handy|portable|móvil|celular|cellulare|ll[aá]m|\bbel(?:len)?\b|\bruf\b|rufnummer|erreichen|\bchama\b|\bzap\b|\bligue?\b|电话|手机|联系|電話|携帯|전화|휴대폰|핸드폰|телефон|мобильн|फ़ोन|फोन|அழை|مو?بايل|هاتف",
+            r"phone|tel|call|mobile|\bmobil\b|cell|ring|whatsapp|signal|fax|telefon|téléphone|teléfono|handy|portable|móvil|celular|cellulare|ll[aá]m|\bbel(?:len)?\b|\bruf\b|rufnummer|erreichen|\bchama\b|\bzap\b|\bligue?\b|电话|手机|联系|電話|携帯|전화|휴대폰|핸드폰|телефон|мобильн|फ़ोन|फोन|அழை|مو?بايل|هاتف",
         ),
         // Addresses: a house number and a capitalised street name ("221B
         // Baker Street"; "the square" in a sentence is not one), a UK postcode, a
@@ -245,10 +243,10 @@ pub fn builtin() -> Vec<Rule> {
         with_context(
             rule(
                 "postal-address",
-                r"\b[AC-FHKNPRTV-Y]\d{2}\s?[0-9AC-FHKNPRTV-Y]{4}\b",
+                r"\b(?:[AC-FHKNPRTV-Y]\d{2}|D6W)\s?[0-9AC-FHKNPRTV-Y]{4}\b",
                 None,
             ),
-            r"\bco\.|county|ireland|éire|eircode",
+            r"\bco\.?\s|county|ireland|éire|eircode",
         ),
         // Japanese: the postal mark and its 7 digits, or a block number
         // (丁目); Korean: a district (구) and then a road (로, 길) and its
@@ -279,8 +277,9 @@ pub fn builtin() -> Vec<Rule> {
         ),
         // Not right after a word that makes it a version ("firmware
         // 2.4.1.7", "version 1.0.0.12", "upgrade to 3.2.1.2") or a
-        // document's numbering ("section 4.2.1.3"); "build" or "release"
-        // may name a server as well, so they do not excuse one. A network
+        // document's numbering ("section 4.2.1.3"); "build", "release" and
+        // "updated to" may name a server as well, so they do not excuse
+        // one. A network
         // written with its prefix and no host bits ("10.0.0.0/16") is not
         // an address.
         unless(
@@ -289,7 +288,7 @@ pub fn builtin() -> Vec<Rule> {
                 r"(?:^|[^0-9A-Za-z.])(\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}(?:/\d{1,2})?)(?:[^0-9A-Za-z.]|\.(?:\s|$)|$)",
                 Some(v::ip_address),
             ),
-            r"(?:\b(?:version|ver\.?|firmware|versión|versão|versione|(?:upgrad|updat|downgrad)(?:e|ed|ing)?\s+to|section|sect?\.|clause|chapter|paragraph|para\.|article|art\.|abschnitt|kapitel|chapitre|apartado|capítulo|sezione|capitolo)|§|固件|版本|章节)\s{0,3}[:#]?\s{0,3}$",
+            r"(?:\b(?:version|ver\.?|firmware|versión|versão|versione|(?:upgrad|downgrad)(?:e|ed|ing)?\s+to|section|clause|chapter|paragraph|para\.|article|art\.|abschnitt|kapitel|chapitre|apartado|capítulo|sezione|capitolo)|§|固件|版本|章节)\s{0,3}[:#]?\s{0,3}$",
         ),
         rule(
             "ip-address",
@@ -361,6 +360,16 @@ pub fn builtin() -> Vec<Rule> {
             r#"(?i)(?:password|passwd|pwd|passwort|kennwort|mot de passe|contraseña|senha|wachtwoord|密码|口令|पासवर्ड)\s*["']?\s*[=:：]\s*["']?([^\s"',;]{4,256}(?:[ \t]+[^\s"',;]{1,64})?)"#,
             Some(assigned_password),
         ),
+        // The last quoted literal on the line of a password's assignment
+        // whose value is code: a default (`os.getenv("DB_PASSWORD",
+        // "Pr0d-S3cret!")`, `process.env.DB_PASSWORD || 'Winter2024!'`),
+        // an encoded or hashed one (`b64decode("…")`, `sha256(b"…")`). A
+        // variable's name (`"DB_PASSWORD"`) is none.
+        rule(
+            "password",
+            r#"(?i)(?:password|passwd|pwd|passwort|kennwort)[a-z0-9_]*["']?\s*[=:]\s*[^\n]{0,160}["']([^"'\s]{4,128})["']"#,
+            Some(literal_password),
+        ),
         // Said rather than assigned: "my password is hunter2", "le mot de
         // passe est Soleil42", "パスワードは abc123!", also with what it
         // is for in between ("the password for the router is …", "la
@@ -405,8 +414,9 @@ pub fn builtin() -> Vec<Rule> {
 }
 
 /// Not a documentation example ("AKIAIOSFODNN7EXAMPLE", AWS's) nor a
-/// format filled in with one character ("sk_test_xxxxxxxxxxxxxxxx"): six
-/// of one character in a row is about one in a billion in a random key.
+/// format filled in with a placeholder character ("sk_test_xxxxxxxx…",
+/// "ghp_0000…"): eight of `x`, `0`, `*`, `#` or `.` in a row. A random key
+/// has such a run about once in 10^8 (hex) or far less.
 fn not_an_example_key(s: &str) -> bool {
     let mut run = (None, 0);
     for c in s.chars() {
@@ -415,7 +425,7 @@ fn not_an_example_key(s: &str) -> bool {
         } else {
             (Some(c), 1)
         };
-        if run.1 >= 6 {
+        if run.1 >= 8 && "xX0*#.".contains(c) {
             return false;
         }
     }
@@ -443,18 +453,25 @@ fn phone_not_date(s: &str) -> bool {
     v::phone_digits(s) && !is_dated(s)
 }
 
-/// Three groups of digits, the year first or last: a date.
+/// Three groups of digits that are a date: a year of 19xx or 20xx first
+/// or last, and a day and a month (either order) that can be one.
+/// "0711 12 34" is no date.
 fn is_dated(s: &str) -> bool {
     let groups: Vec<&str> = s
         .split(['.', '-', '/', ' '])
         .filter(|g| !g.is_empty())
         .collect();
-    groups.len() == 3
-        && groups.iter().all(|g| g.bytes().all(|c| c.is_ascii_digit()))
-        && matches!(
-            groups.iter().map(|g| g.len()).collect::<Vec<_>>()[..],
-            [4, 1 | 2, 1 | 2] | [1 | 2, 1 | 2, 4]
-        )
+    let small = |g: &str| {
+        (1..=2).contains(&g.len()) && g.parse::<u32>().is_ok_and(|n| (1..=31).contains(&n))
+    };
+    let year = |g: &str| g.len() == 4 && g.parse::<u32>().is_ok_and(|y| (1900..2100).contains(&y));
+    let month = |g: &str| small(g) && g.parse::<u32>().is_ok_and(|n| n <= 12);
+    let day_and_month = |a: &str, b: &str| small(a) && small(b) && (month(a) || month(b));
+    match groups[..] {
+        [y, a, b] if year(y) => day_and_month(a, b),
+        [a, b, y] if year(y) => day_and_month(a, b),
+        _ => false,
+    }
 }
 
 /// Groups of digits that are a date with its year ("opened 2023-10-05",
@@ -501,20 +518,16 @@ fn assigned_password(s: &str) -> bool {
             .chars()
             .all(|c| c.is_ascii_lowercase() || c == '_');
     let path = (value.starts_with('/') || value.starts_with("~/")) && value[1..].contains('/');
-    // "Password: printed on the label": words, not a value.
-    let lower_word =
-        |w: &str| !w.is_empty() && w.chars().all(|c| c.is_alphabetic() && !c.is_uppercase());
-    let phrase = lower_word(value) && next.is_some_and(lower_word);
-    let not_a_value =
-        sentence || phrase || length_range(&word) || yaml_tag || path || code_reference(value);
+    let not_a_value = sentence || length_range(&word) || yaml_tag || path || code_reference(value);
     !not_a_value && value.chars().count() >= 4 && not_placeholder(value) && not_placeholder(&word)
 }
 
 /// Code that reads a password from somewhere rather than a password:
 /// a dotted name called or indexed (`os.environ["DB_PASSWORD"]`,
-/// `models.CharField(max_length=128)`), a call or index with a quoted
-/// argument (`getenv("PW")`: the value ends at the quote), or
-/// `process.env.…`. "Abc(123" is still a password.
+/// `models.CharField(max_length=128)`), a name called or indexed right
+/// before a quote (`getenv("PW")`: the value stops at the quote), or
+/// `process.env.…`. "Abc(123" is still a password; a literal later on the
+/// line (a default, an encoded password) is the next rule's.
 fn code_reference(value: &str) -> bool {
     let name_end = value
         .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'))
@@ -524,6 +537,23 @@ fn code_reference(value: &str) -> bool {
     let opens = rest.starts_with(['(', '[']);
     (is_name && opens && (name.contains('.') || rest.len() == 1))
         || value.starts_with("process.env.")
+}
+
+/// A quoted literal on a password's line that is one: said like one (a
+/// digit or a symbol, not a placeholder) and not a variable's name
+/// (`DB_PASSWORD`, `db_password`).
+fn literal_password(s: &str) -> bool {
+    let identifier = s.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    let lower = s.to_ascii_lowercase();
+    let name = identifier
+        && (s.chars().all(|c| !c.is_ascii_lowercase())
+            || [
+                "pass", "pwd", "secret", "key", "token", "cred", "user", "name",
+            ]
+            .iter()
+            .any(|w| lower.contains(w)));
+    !name && said_password(s)
 }
 
 /// Words a rule about passwords starts with ("Password: must be …").
@@ -565,6 +595,23 @@ const SENTENCE_WORDS: &[&str] = &[
     "mínimo",
     "deve",
     "pelo",
+    // Where to find it: "Password: printed on the label", "see below".
+    "printed",
+    "written",
+    "shown",
+    "see",
+    "sent",
+    "attached",
+    "provided",
+    "given",
+    "listed",
+    "stored",
+    "kept",
+    "on",
+    "in",
+    "below",
+    "above",
+    "under",
 ];
 
 /// A length rule's range ("8-64" characters).

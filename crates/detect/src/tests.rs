@@ -161,6 +161,10 @@ fn phones() {
             "fala comigo (21) 98765-4321",
             "客户电话139 1234 5678",
             "delivery wale ko 98765 43210 pe",
+            // "call" in any form, and a number that is no date.
+            "Callback number: 020 7946 0018",
+            "She called from 0113 496 0102 about the invoice",
+            "Tel. 0711 12 34",
         ],
     );
     misses(
@@ -203,6 +207,7 @@ fn addresses_dates_and_network() {
             "Flat No. 12, Sector 4",
             "मकान नं. 57, सेक्टर 9",
             "Ballyhaunis Road, Co. Galway H91 X2P7",
+            "Terenure, Co Dublin D6W K2X8",
         ],
     );
     misses(
@@ -263,6 +268,8 @@ fn addresses_dates_and_network() {
             // A host inside a network is still one.
             "allow 10.0.3.17/32",
             "the host 10.1.2.3/16",
+            // "updated to" may name a server.
+            "The DB host IP was updated to 10.42.7.19 last night",
         ],
     );
     finds("mac-address", &["mac 00:1A:2B:3C:4D:5E"]);
@@ -279,6 +286,7 @@ fn secrets() {
             "xoxb-123456789012-abcdefghij",
             "sk_live_abcdefghijklmnop1234",
             "sk-proj-abcdefghijklmnopqrstuvwx",
+            "sk-proj-abcdefghijklmnopqrstuvwx------",
             "sk-ant-api03-abcdefghijklmnopqrstuv",
             "AIzaSyA1234567890abcdefghijklmnopqrstuv",
             "SG.abcdefghijklmnop.abcdefghijklmnopqrstuvwx",
@@ -367,6 +375,14 @@ fn secrets() {
             "password: letmein (temporary)",
             "password: !QAZ2wsx",
             "password: Abc(123",
+            // Lower-case passwords and passphrases with words after them.
+            "password: correct horse battery staple",
+            "Login admin, password: dragon for the staging box",
+            // A literal on the line of code that reads a password.
+            "DB_PASSWORD = os.getenv(\"DB_PASSWORD\", \"Pr0d-S3cret!\")",
+            "const password = process.env.DB_PASSWORD || 'Winter2024!';",
+            "password = base64.b64decode(\"UHIwZC1TM2NyZXQh\").decode()",
+            "password = hashlib.sha256(b\"hunter2\").hexdigest()",
             // What it is for, between the word and the value.
             "the password for the router is Tiger#4412",
             "la password del wifi di casa è Girasole_77",
@@ -436,6 +452,14 @@ fn confidential_prose() {
             "Gehaltsliste: Anna 62.000 €, Tom 58.500 €",
             "This memo is attorney-client privileged.",
             "请对这份文件保密",
+            // Markings quoted as markings, not mentioned.
+            "Ce document est « confidentiel » : ne le transmettez à personne.",
+            "Bitte „vertraulich“ behandeln: die Zahlen für Q3",
+            "This memo is “Confidential”. The board will close the plant.",
+            "Project Falcon board pack\n\"CONFIDENTIAL\"\nQ3 numbers",
+            "本文件受保密协议约束。",
+            "Internal, Confidential, Secretary's notes on the reorg",
+            "PROTECTED BY ATTORNEY-CLIENT PRIVILEGE\nnotes from the call",
         ],
     );
 }

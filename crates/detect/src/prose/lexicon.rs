@@ -43,9 +43,10 @@ static LEXICON: LazyLock<Lexicon> = LazyLock::new(|| {
             "do not (?:share|distribute|forward)",
             "not for distribution",
             "under (?:an )?nda",
-            // The marking; the doctrine's name ("attorney-client
-            // privilege") is a topic word below.
+            // The marking; the doctrine's name alone ("explain
+            // attorney-client privilege") is a topic word below.
             "attorney-client privileged",
+            "(?:protected by|subject to|covered by) (?:the )?attorney-client privilege",
             "privileged and confidential",
             "vertraulich",
             "streng geheim",
@@ -183,25 +184,28 @@ static LEXICON: LazyLock<Lexicon> = LazyLock::new(|| {
 /// Phrases that look confidential but are not: a technology's name (in
 /// the languages of the markings), a marking quoted as a word ("mark it
 /// 'confidential'?", a glossary's « confidentiel », der Vermerk
-/// „vertraulich“: after a word — not a heading, `"Confidential" - Q3`, nor
-/// a JSON value, `"level": "confidential"`, which mark their text), a list of three or more classification
-/// levels (a scheme, not a document's level), the duty or agreement of
-/// confidentiality in Chinese (保密义务, 保密协议: like "confidentiality",
-/// which the English marking's word boundary already leaves out), the
+/// „vertraulich“: after a quoting or naming word on the same line — not a
+/// heading, `"Confidential" - Q3`, nor a JSON value, `"level":
+/// "confidential"`, nor "est « confidentiel »", which mark their text),
+/// three or more classification levels in a row (a scheme, not a
+/// document's level), the duty of confidentiality in Chinese (保密义务:
+/// like "confidentiality", which the English marking's word boundary
+/// already leaves out; 保密协议, an NDA, still marks), the
 /// standard e-mail disclaimer (on every message, secret or not), a film's
 /// title.
 static NOT_CONFIDENTIAL: LazyLock<Regex> = LazyLock::new(|| {
-    const LEVEL: &str = r"public|internal(?:\ (?:use\ )?only)?|restricted|(?:highly\ |strictly\ )?confidential|(?:top\ )?secret|sensitive|unclassified|classified|official";
+    const LEVEL: &str = r"public|internal(?:\ (?:use\ )?only)?|restricted|(?:highly\ |strictly\ )?confidential|(?:top\ )?secret|unclassified|classified|official";
     Regex::new(
         &r#"(?ix)
         confidential\ (?:computing|vms?|containers?|ai|inference)
         | informatique\ confidentielle | (?:computación|computação)\ confidencial
         | elaborazione\ confidenziale | vertrauliche[sn]?\ (?:rechnen|computing)
         | cancer\ (?:research|awareness|society)
-        | 机密计算 | 保密(?:义务|協議|协议|条款|期限|责任|制度|法)
-        | \p{L}\s*['"‘“«„]\s?(?:confidential|vertraulich|streng\ geheim|confidentiel(?:le)?|confidencial|riservato|internal\ only|usage\ interne|uso\ interno)\s?['"’”»“]
-        | (?:LEVEL)(?:\s?[,/]\s?(?:LEVEL)){2,}
-        | (?:LEVEL)(?:\s?[,/]\s?(?:LEVEL))+,?\s(?:and|or|&|und|oder|et|ou|y|o|e|en|of)\s(?:LEVEL)
+        | 机密计算 | 保密(?:义务|条款|期限|责任|制度|法)
+        | (?:\bmark(?:ed)?|\blabel(?:led)?|\bword|\bterm|\bas|\bcalled|\bentre|\bbetween|\bund|\band|\bet|\by|übersetze|traduis|traduce|translate|\bvermerk|\bmention|\bmot|\bpalabra|\bwort|\bparola|\bwoord|\btermo)
+          [^\S\n]+(?:it[^\S\n]+|this[^\S\n]+)?['"‘“«„]\s?(?:confidential|vertraulich|streng\ geheim|confidentiel(?:le)?|confidencial|riservato|internal\ only|usage\ interne|uso\ interno)\s?['"’”»“]
+        | \b(?:LEVEL)(?:\s?[,/]\s?(?:LEVEL)){2,}\b
+        | \b(?:LEVEL)(?:\s?[,/]\s?(?:LEVEL))+,?\s(?:and|or|&|und|oder|et|ou|y|o|e|en|of)\s(?:LEVEL)\b
         | may\ contain\ (?:confidential|privileged)(?:\ and(?:/or)?\ (?:confidential|privileged))?\ information
         | l\.a\.\ confidential
         "#

@@ -370,6 +370,13 @@ pub fn builtin() -> Vec<Rule> {
             r#"(?i)(?:password|passwd|pwd|passwort|kennwort)[a-z0-9_]*["']?\s*[=:]\s*[^\n]{0,160}["']([^"'\s]{4,128})["']"#,
             Some(literal_password),
         ),
+        // Changed to: "I changed the password to Tulip#2024", "reset my
+        // password to …".
+        rule(
+            "password",
+            r#"(?i)\b(?:changed|set|reset|updated)(?:\s+[a-z]{1,12}){0,2}\s+(?:password|passwd|passcode|passphrase)\s+to\s+["'«“„]?([^\s"'»”“,;]{4,64})"#,
+            Some(said_password),
+        ),
         // Said rather than assigned: "my password is hunter2", "le mot de
         // passe est Soleil42", "パスワードは abc123!", also with what it
         // is for in between ("the password for the router is …", "la

@@ -346,6 +346,8 @@ fn secrets() {
             "a password reset link, valid 24 hours",
             "password123 is a weak example of a password",
             "the password was changed on 2024-01-05.",
+            "I changed the password to something stronger",
+            "set the password to expire after 90 days",
             "Password: must be at least 12 characters",
             "Passwort: mindestens 8 Zeichen",
             "Password: 8-64 characters, no spaces",
@@ -383,6 +385,8 @@ fn secrets() {
             "const password = process.env.DB_PASSWORD || 'Winter2024!';",
             "password = base64.b64decode(\"UHIwZC1TM2NyZXQh\").decode()",
             "password = hashlib.sha256(b\"hunter2\").hexdigest()",
+            "I changed the password to Tulip#2024 yesterday",
+            "reset my password to Spring-77!",
             // What it is for, between the word and the value.
             "the password for the router is Tiger#4412",
             "la password del wifi di casa è Girasole_77",
@@ -460,6 +464,8 @@ fn confidential_prose() {
             "本文件受保密协议约束。",
             "Internal, Confidential, Secretary's notes on the reorg",
             "PROTECTED BY ATTORNEY-CLIENT PRIVILEGE\nnotes from the call",
+            "CONFIDENTIAL AIRBUS DEAL: terms attached",
+            "Anbei vertrauliche Unterlagen zum Umbau",
         ],
     );
 }

@@ -48,7 +48,8 @@ static LEXICON: LazyLock<Lexicon> = LazyLock::new(|| {
             "attorney-client privileged",
             "(?:protected by|subject to|covered by) (?:the )?attorney-client privilege",
             "privileged and confidential",
-            "vertraulich",
+            // With its endings: "vertrauliche Unterlagen".
+            "vertraulich(?:e[nrs]?)?",
             "streng geheim",
             "nur für den internen gebrauch",
             "confidentiel(?:le)?",
@@ -197,7 +198,7 @@ static NOT_CONFIDENTIAL: LazyLock<Regex> = LazyLock::new(|| {
     const LEVEL: &str = r"public|internal(?:\ (?:use\ )?only)?|restricted|(?:highly\ |strictly\ )?confidential|(?:top\ )?secret|unclassified|classified|official";
     Regex::new(
         &r#"(?ix)
-        confidential\ (?:computing|vms?|containers?|ai|inference)
+        confidential\ (?:computing|vms?|containers?|ai|inference)\b
         | informatique\ confidentielle | (?:computación|computação)\ confidencial
         | elaborazione\ confidenziale | vertrauliche[sn]?\ (?:rechnen|computing)
         | cancer\ (?:research|awareness|society)

@@ -360,22 +360,23 @@ pub fn builtin() -> Vec<Rule> {
             r#"(?i)(?:password|passwd|pwd|passwort|kennwort|mot de passe|contraseña|senha|wachtwoord|密码|口令|पासवर्ड)\s*["']?\s*[=:：]\s*["']?([^\s"',;]{4,256}(?:[ \t]+[^\s"',;]{1,64})?)"#,
             Some(assigned_password),
         ),
-        // The last quoted literal on the line of a password's assignment
-        // whose value is code: a default (`os.getenv("DB_PASSWORD",
-        // "Pr0d-S3cret!")`, `process.env.DB_PASSWORD || 'Winter2024!'`),
-        // an encoded or hashed one (`b64decode("…")`, `sha256(b"…")`). A
-        // variable's name (`"DB_PASSWORD"`) is none.
+        // Every quoted literal on the rest of the line of a password's
+        // assignment whose value is code: a default (`os.getenv(
+        // "DB_PASSWORD", "Pr0d-S3cret!")`, `process.env.PW ??
+        // `Winter2024!``), an encoded or hashed one (`b64decode("…")`,
+        // `sha256(b"…")`), a keyword argument among others. A variable's
+        // name (`"DB_PASSWORD"`), a URL, a date and an encoding are none.
         rule(
             "password",
-            r#"(?i)(?:password|passwd|pwd|passwort|kennwort)[a-z0-9_]*["']?\s*[=:]\s*[^\n]{0,160}["']([^"'\s]{4,128})["']"#,
+            r#"(?i)(?:password|passwd|pwd|passwort|kennwort)[a-z0-9_]*["']?\s*[=:]([^\n]{1,160})"#,
             Some(literal_password),
         ),
-        // Changed to: "I changed the password to Tulip#2024", "reset my
-        // password to …".
+        // Changed to: "I changed the password to Tulip#2024", "we reset all
+        // user passwords to …", "change the password for the router to …".
         rule(
             "password",
-            r#"(?i)\b(?:changed|set|reset|updated)(?:\s+[a-z]{1,12}){0,2}\s+(?:password|passwd|passcode|passphrase)\s+to\s+["'«“„]?([^\s"'»”“,;]{4,64})"#,
-            Some(said_password),
+            r#"(?i)\b(?:chang(?:e|ed|es|ing)|set(?:s|ting)?|reset(?:s|ting)?|updat(?:e|ed|es|ing))(?:\s+[^\s,;:.]{1,20}){0,4}?\s+(?:password|passwd|passcode|passphrase)s?(?:\s+(?:for|on|of)(?:\s+[^\s,;:.]{1,20}){1,3}?)?\s+to(?:\s+be)?\s*:?\s*["'`«“„]?([^\s"'`»”“,;]{4,64})"#,
+            Some(literal_value),
         ),
         // Said rather than assigned: "my password is hunter2", "le mot de
         // passe est Soleil42", "パスワードは abc123!", also with what it
@@ -525,7 +526,13 @@ fn assigned_password(s: &str) -> bool {
             .chars()
             .all(|c| c.is_ascii_lowercase() || c == '_');
     let path = (value.starts_with('/') || value.starts_with("~/")) && value[1..].contains('/');
-    let not_a_value = sentence || length_range(&word) || yaml_tag || path || code_reference(value);
+    let where_it_is = WHERE_WORDS.contains(&value)
+        && next.is_some_and(|n| {
+            let first = n.split_whitespace().next().unwrap_or("").to_lowercase();
+            WHERE_NEXT.contains(&first.as_str())
+        });
+    let not_a_value =
+        sentence || where_it_is || length_range(&word) || yaml_tag || path || code_reference(value);
     !not_a_value && value.chars().count() >= 4 && not_placeholder(value) && not_placeholder(&word)
 }
 
@@ -546,21 +553,36 @@ fn code_reference(value: &str) -> bool {
         || value.starts_with("process.env.")
 }
 
-/// A quoted literal on a password's line that is one: said like one (a
-/// digit or a symbol, not a placeholder) and not a variable's name
-/// (`DB_PASSWORD`, `db_password`).
-fn literal_password(s: &str) -> bool {
-    let identifier = s.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
-        && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-    let lower = s.to_ascii_lowercase();
-    let name = identifier
-        && (s.chars().all(|c| !c.is_ascii_lowercase())
-            || [
-                "pass", "pwd", "secret", "key", "token", "cred", "user", "name",
-            ]
-            .iter()
-            .any(|w| lower.contains(w)));
-    !name && said_password(s)
+/// Some quoted literal in the rest of a password's line is one: said
+/// like one ([`literal_value`]) and not a variable's name (an identifier
+/// with an underscore or in capitals only: `DB_PASSWORD`, `PGPASSWORD`),
+/// a URL, a date or an encoding.
+fn literal_password(rest: &str) -> bool {
+    static LITERAL: std::sync::LazyLock<Regex> = std::sync::LazyLock::new(|| {
+        Regex::new(r#"["'`]([^"'`\s]{4,128})["'`]"#).expect("quoted literal")
+    });
+    LITERAL.captures_iter(rest).any(|c| {
+        let s = &c[1];
+        let identifier = s.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+            && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        let name = identifier && (s.contains('_') || s.chars().all(|c| c.is_ascii_uppercase()));
+        let lower = s.to_ascii_lowercase();
+        let other = lower.contains("://")
+            || is_dated(s.split('T').next().unwrap_or(s))
+            || ["utf-8", "utf8", "ascii", "latin-1", "iso-8859-1"].contains(&lower.as_str());
+        !name && !other && literal_value(s)
+    })
+}
+
+/// A value written out as a password: [`said_password`], or one that
+/// starts with a symbol and has a letter and a digit ("!QAZ2wsx",
+/// "@dm1n2024").
+fn literal_value(s: &str) -> bool {
+    said_password(s)
+        || (s.starts_with(|c: char| c.is_ascii_punctuation())
+            && s.chars().any(|c| c.is_alphabetic())
+            && s.chars().any(|c| c.is_ascii_digit())
+            && not_placeholder(s))
 }
 
 /// Words a rule about passwords starts with ("Password: must be …").
@@ -602,23 +624,33 @@ const SENTENCE_WORDS: &[&str] = &[
     "mínimo",
     "deve",
     "pelo",
-    // Where to find it: "Password: printed on the label", "see below".
-    "printed",
-    "written",
-    "shown",
-    "see",
-    "sent",
-    "attached",
-    "provided",
-    "given",
-    "listed",
-    "stored",
-    "kept",
+];
+
+/// Where a password is, not what it is: "Password: printed on the
+/// label", "sent separately". Only in lower case and before a word that
+/// says where ([`WHERE_NEXT`]): "password: Under Pressure" is one.
+const WHERE_WORDS: &[&str] = &[
+    "printed", "written", "shown", "sent", "attached", "provided", "given", "listed", "stored",
+    "kept", "below", "above", "under",
+];
+const WHERE_NEXT: &[&str] = &[
     "on",
     "in",
+    "at",
+    "by",
+    "via",
+    "to",
+    "with",
+    "from",
+    "under",
+    "inside",
     "below",
     "above",
-    "under",
+    "separately",
+    "elsewhere",
+    "here",
+    "there",
+    "the",
 ];
 
 /// A length rule's range ("8-64" characters).

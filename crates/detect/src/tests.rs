@@ -110,6 +110,8 @@ fn national_ids() {
             "CLABE 002010077777777771",
             "IFSC HDFC0001234",
             "Konto 0532013000",
+            // Grouped like a date, but no year: an account.
+            "account number 1234-56-78",
         ],
     );
     misses(
@@ -165,6 +167,7 @@ fn phones() {
             "Callback number: 020 7946 0018",
             "She called from 0113 496 0102 about the invoice",
             "Tel. 0711 12 34",
+            "Tel. 2024 13 45",
         ],
     );
     misses(
@@ -348,6 +351,10 @@ fn secrets() {
             "the password was changed on 2024-01-05.",
             "I changed the password to something stronger",
             "set the password to expire after 90 days",
+            // Names, URLs, dates and encodings on a password's line.
+            "password_reset_url = \"https://example.com/reset\"",
+            "password_changed_at: \"2024-01-05T10:00:00Z\"",
+            "password = request.form['password'].encode('utf-8')",
             "Password: must be at least 12 characters",
             "Passwort: mindestens 8 Zeichen",
             "Password: 8-64 characters, no spaces",
@@ -387,6 +394,17 @@ fn secrets() {
             "password = hashlib.sha256(b\"hunter2\").hexdigest()",
             "I changed the password to Tulip#2024 yesterday",
             "reset my password to Spring-77!",
+            "Change the password to Tulip#2024",
+            "We reset all user passwords to Welcome2024!",
+            "changed the admin account password to Otter#99",
+            "changed the password for the router to Tiger#4412",
+            // Any literal on the line, weak defaults, a symbol first.
+            "conn = psycopg2.connect(password=os.getenv(\"PGPASSWORD\", \"Winter2024!\"), host=\"dbhost\")",
+            "DB_PASSWORD = os.getenv(\"DB_PASSWORD\", \"Password123\")",
+            "password = os.getenv(\"PW\", \"!QAZ2wsx\")",
+            "const password = process.env.PW ?? `Monkey123`;",
+            // A capitalised word after a where-word is a password.
+            "password: Under Pressure",
             // What it is for, between the word and the value.
             "the password for the router is Tiger#4412",
             "la password del wifi di casa è Girasole_77",

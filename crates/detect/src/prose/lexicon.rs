@@ -49,7 +49,7 @@ static LEXICON: LazyLock<Lexicon> = LazyLock::new(|| {
             "(?:protected by|subject to|covered by) (?:the )?attorney-client privilege",
             "privileged and confidential",
             // With its endings: "vertrauliche Unterlagen".
-            "vertraulich(?:e[nrs]?)?",
+            "vertraulich(?:e[mnrs]?)?",
             "streng geheim",
             "nur für den internen gebrauch",
             "confidentiel(?:le)?",
@@ -183,33 +183,39 @@ static LEXICON: LazyLock<Lexicon> = LazyLock::new(|| {
 });
 
 /// Phrases that look confidential but are not: a technology's name (in
-/// the languages of the markings), a marking quoted as a word ("mark it
-/// 'confidential'?", a glossary's « confidentiel », der Vermerk
-/// „vertraulich“: after a quoting or naming word on the same line — not a
-/// heading, `"Confidential" - Q3`, nor a JSON value, `"level":
-/// "confidential"`, nor "est « confidentiel »", which mark their text),
-/// three or more classification levels in a row (a scheme, not a
-/// document's level), the duty of confidentiality in Chinese (保密义务:
-/// like "confidentiality", which the English marking's word boundary
-/// already leaves out; 保密协议, an NDA, still marks), the
-/// standard e-mail disclaimer (on every message, secret or not), a film's
-/// title.
+/// the languages of the markings), a marking named as a word (the word
+/// 'confidential', a glossary's « confidentiel », der Vermerk
+/// „vertraulich“; after "mark", "label" or "as" only in a question: "mark
+/// it as 'confidential'?"; after "and" only in a list of quoted words) —
+/// not "treat as 'confidential': …", "est « confidentiel »", a heading or
+/// a JSON value, which mark their text — three or more classification
+/// levels in a row (a scheme, not a document's level), the duty of
+/// confidentiality in Chinese (保密义务: like "confidentiality", which the
+/// English marking's word boundary already leaves out; 保密协议, an NDA,
+/// still marks), the standard e-mail disclaimer (on every message, secret
+/// or not), a film's title. "Confidential AI" is not excused: it also
+/// heads a confidential AI plan.
 static NOT_CONFIDENTIAL: LazyLock<Regex> = LazyLock::new(|| {
+    // A marking word in quotes.
+    const QUOTED: &str = r#"['"‘“«„]\s?(?:confidential|vertraulich|streng\ geheim|confidentiel(?:le)?|confidencial|riservato|internal\ only|usage\ interne|uso\ interno)\s?['"’”»“]"#;
     const LEVEL: &str = r"public|internal(?:\ (?:use\ )?only)?|restricted|(?:highly\ |strictly\ )?confidential|(?:top\ )?secret|unclassified|classified|official";
     Regex::new(
         &r#"(?ix)
-        confidential\ (?:computing|vms?|containers?|ai|inference)\b
+        confidential\ (?:computing|vms?|containers?|inference)\b
         | informatique\ confidentielle | (?:computación|computação)\ confidencial
         | elaborazione\ confidenziale | vertrauliche[sn]?\ (?:rechnen|computing)
         | cancer\ (?:research|awareness|society)
         | 机密计算 | 保密(?:义务|条款|期限|责任|制度|法)
-        | (?:\bmark(?:ed)?|\blabel(?:led)?|\bword|\bterm|\bas|\bcalled|\bentre|\bbetween|\bund|\band|\bet|\by|übersetze|traduis|traduce|translate|\bvermerk|\bmention|\bmot|\bpalabra|\bwort|\bparola|\bwoord|\btermo)
-          [^\S\n]+(?:it[^\S\n]+|this[^\S\n]+)?['"‘“«„]\s?(?:confidential|vertraulich|streng\ geheim|confidentiel(?:le)?|confidencial|riservato|internal\ only|usage\ interne|uso\ interno)\s?['"’”»“]
+        | (?:\bword|\bterm|\bcalled|\bentre|\bbetween|übersetze|traduis|traduce|translate|\bvermerk|\bmention|\bmot|\bpalabra|\bwort|\bparola|\bwoord|\btermo)
+          [^\S\n]+QUOTED(?:[^\S\n]+(?:and|und|et|y|or|oder|ou|o)[^\S\n]+QUOTED)*
+        | (?:\bmark(?:ed)?|\blabel(?:led)?|\bas)[^\S\n]+(?:it[^\S\n]+|this[^\S\n]+)?QUOTED[^\n.!:;]{0,40}\?
+        | ['"’”»“][^\S\n]+(?:and|und|et|y|or|oder|ou|o)[^\S\n]+QUOTED
         | \b(?:LEVEL)(?:\s?[,/]\s?(?:LEVEL)){2,}\b
         | \b(?:LEVEL)(?:\s?[,/]\s?(?:LEVEL))+,?\s(?:and|or|&|und|oder|et|ou|y|o|e|en|of)\s(?:LEVEL)\b
         | may\ contain\ (?:confidential|privileged)(?:\ and(?:/or)?\ (?:confidential|privileged))?\ information
         | l\.a\.\ confidential
         "#
+        .replace("QUOTED", QUOTED)
         .replace("LEVEL", LEVEL),
     )
     .expect("allow phrases")
@@ -258,5 +264,41 @@ mod tests {
         assert!(score("My salary is 90k and I got a bonus") >= 1.0);
         assert_eq!(score("What are the symptoms of flu?"), 0.0);
         assert_eq!(score("Explain confidential computing on AMD SEV."), 0.0);
+    }
+
+    /// Markings the look-alike phrases must leave alone (the lexicon
+    /// alone: the classifier could hide a regression here), and the
+    /// mentions they take out.
+    #[test]
+    fn markings_stay_markings_and_mentions_do_not_count() {
+        for marked in [
+            "Ce document est « confidentiel » : ne le transmettez à personne.",
+            "Bitte „vertraulich“ behandeln: die Zahlen für Q3",
+            "This memo is “Confidential”. The board will close the plant.",
+            "Project Falcon board pack\n\"CONFIDENTIAL\"\nQ3 numbers",
+            "本文件受保密协议约束。",
+            "Internal, Confidential, Secretary's notes on the reorg",
+            "PROTECTED BY ATTORNEY-CLIENT PRIVILEGE\nnotes from the call",
+            "Treat as \"confidential\": the new product launches on 3 March.",
+            "Handle as 'internal only': Leeds closes in May",
+            "Le rapport est interne et « confidentiel » : le site ferme.",
+            "Confidential AI roadmap for the board: drop vendor X.",
+            "CONFIDENTIAL AIRBUS DEAL: terms attached",
+            "Wir haben das in vertraulichem Rahmen besprochen.",
+            "Anbei vertrauliche Unterlagen zum Umbau",
+        ] {
+            assert!(score(marked) >= 1.0, "{marked}: {}", score(marked));
+        }
+        for mentioned in [
+            "Should I mark this newsletter as 'confidential'?",
+            "Translate « confidentiel » for the glossary.",
+            "Was bedeutet der Vermerk „vertraulich“ auf einem Brief?",
+            "Is it 'secret' and 'confidential' or just one?",
+            "Our labels are Public, Internal Only, Confidential and Restricted.",
+            "员工离职后的保密义务持续多久？",
+            "Qu'est-ce que l'informatique confidentielle ?",
+        ] {
+            assert_eq!(score(mentioned), 0.0, "{mentioned}");
+        }
     }
 }

@@ -919,6 +919,30 @@ fn what_people_paste_stays_local_and_the_reason_says_what_was_found() {
                 unique("canary-memo")
             ))],
         ),
+        // Shapes the rules learnt from the development set: a default
+        // password inside code that reads one, a marking quoted in French
+        // typography, a Spanish mobile by its grouping alone.
+        (
+            "password",
+            vec![user(format!(
+                "{} Why does this crash?\n```\nDB_PASSWORD = os.getenv(\"DB_PASSWORD\", \"Pr0d-S3cret!\")\n```",
+                unique("canary-default")
+            ))],
+        ),
+        (
+            "confidential",
+            vec![user(format!(
+                "{} Ce document est « confidentiel » : le site de Lyon ferme en juin. Résume-le.",
+                unique("canary-fr")
+            ))],
+        ),
+        (
+            "phone",
+            vec![user(format!(
+                "{} Escribe un recordatorio: devolver la llamada al 612 48 93 07.",
+                unique("canary-es")
+            ))],
+        ),
     ];
     let mut canaries = Vec::new();
     for (kind, messages) in cases {

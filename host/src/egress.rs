@@ -88,8 +88,6 @@ pub struct EgressHooks {
     /// Added only to requests for this upstream's origin: another allowed
     /// host (a second upstream) must not receive this one's key.
     pub credential: Option<Credential>,
-    /// The node's one pool of upstream connections ([`upstream_client`]).
-    pub client: reqwest::Client,
 }
 
 /// The node's client for every upstream call. Connections are kept and
@@ -104,6 +102,25 @@ pub fn upstream_client() -> anyhow::Result<reqwest::Client> {
         .tcp_nodelay(true)
         .pool_idle_timeout(std::time::Duration::from_secs(90))
         .build()?)
+}
+
+thread_local! {
+    static CLIENT_HERE: std::cell::OnceCell<reqwest::Client> = const { std::cell::OnceCell::new() };
+}
+
+/// This thread's [`upstream_client`], made on first use. A pooled
+/// connection is driven by a task on the runtime that opened it, so one
+/// pool shared by the node's connection threads (`serve::threads`) would
+/// hand every upstream call to whichever thread opened its connection;
+/// a pool per thread keeps a call's I/O on the thread that serves it.
+pub fn upstream_client_here() -> anyhow::Result<reqwest::Client> {
+    CLIENT_HERE.with(|cell| {
+        if let Some(client) = cell.get() {
+            return Ok(client.clone());
+        }
+        let client = upstream_client()?;
+        Ok(cell.get_or_init(|| client).clone())
+    })
 }
 
 /// Send a request the guard let out through the shared pool, with the
@@ -300,7 +317,13 @@ impl WasiHttpHooks for EgressHooks {
                 .headers_mut()
                 .insert(header::AUTHORIZATION, credential.authorization.clone());
         }
-        let client = self.client.clone();
+        let client = match upstream_client_here() {
+            Ok(client) => client,
+            Err(error) => {
+                let why = format!("no upstream client: {error:#}");
+                return Box::new(async move { Err(HttpError::InternalError(Some(why))) });
+            }
+        };
         let meter = self.meter.clone();
         Box::new(async move {
             let asked = std::time::Instant::now();
@@ -374,7 +397,6 @@ mod tests {
             call: Arc::default(),
             meter: Default::default(),
             credential: None,
-            client: upstream_client().unwrap(),
         }
     }
 
@@ -398,7 +420,6 @@ mod tests {
             call: Arc::default(),
             meter: Default::default(),
             credential: Some(Credential::bearer(&format!("http://{upstream}/v1"), KEY).unwrap()),
-            client: upstream_client().unwrap(),
         }
     }
 

@@ -63,8 +63,6 @@ pub struct CloudTarget {
     allowed_hosts: Arc<HashSet<String>>,
     timeout: Duration,
     pub audit: Arc<EgressAudit>,
-    /// One pool of connections for every call to every upstream.
-    client: reqwest::Client,
 }
 
 /// Calls that run on pooled instances at once; more take a fresh instance
@@ -177,7 +175,6 @@ impl CloudTarget {
             allowed_hosts: Arc::new(allowed),
             timeout,
             audit: Arc::new(EgressAudit::with_log(audit_log)),
-            client: crate::egress::upstream_client()?,
         })
     }
 
@@ -231,7 +228,6 @@ impl CloudTarget {
                 call: call.clone(),
                 meter: job.meter.clone(),
                 credential: upstream.credential.clone(),
-                client: self.client.clone(),
             },
             sink: Sink {
                 tx: job.stream,

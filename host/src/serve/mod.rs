@@ -19,6 +19,8 @@
 //! Accepted sockets get `TCP_NODELAY`: the first SSE chunk must not wait
 //! for a delayed ACK.
 
+mod threads;
+
 use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -89,6 +91,7 @@ pub async fn serve(
     let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let open = Arc::new(Open::default());
     let graceful = GracefulShutdown::new();
+    let threads = threads::ConnectionThreads::per_core()?;
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         let tcp = tokio::select! {
@@ -117,30 +120,52 @@ pub async fn serve(
                 }
             }
         };
-        if let Err(error) = tcp.set_nodelay(true) {
-            tracing::debug!(%error, "could not set TCP_NODELAY");
-        }
         let (id, conn) = open.add();
-        let connection = http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(limits.header_read_timeout)
-            .serve_connection(
-                TokioIo::new(crate::quickack::QuickAck(tcp)),
-                hyper::service::service_fn(counting(app.clone(), open.clone(), conn.clone())),
-            );
-        let connection = graceful.watch(connection);
+        let service = counting(app.clone(), open.clone(), conn.clone());
+        let watcher = graceful.watcher();
         let open = open.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                ended = connection => if let Err(error) = ended {
-                    tracing::debug!(%error, "connection ended with an error");
-                },
-                // Dropping the connection closes its socket.
-                () = conn.close.notified() => {}
+        // The socket is registered again with the serving thread's reactor,
+        // so its wake-ups go to that thread.
+        let tcp = match tcp.into_std() {
+            Ok(tcp) => tcp,
+            Err(error) => {
+                tracing::debug!(%error, "could not hand the connection over");
+                open.remove(id);
+                continue;
             }
-            open.remove(id);
-            drop(permit);
-        });
+        };
+        threads.run(Box::new(move || {
+            let tcp = match tokio::net::TcpStream::from_std(tcp) {
+                Ok(tcp) => tcp,
+                Err(error) => {
+                    tracing::debug!(%error, "could not take the connection over");
+                    open.remove(id);
+                    return;
+                }
+            };
+            if let Err(error) = tcp.set_nodelay(true) {
+                tracing::debug!(%error, "could not set TCP_NODELAY");
+            }
+            let connection = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_read_timeout)
+                .serve_connection(
+                    TokioIo::new(crate::quickack::QuickAck(tcp)),
+                    hyper::service::service_fn(service),
+                );
+            let connection = watcher.watch(connection);
+            tokio::spawn(async move {
+                tokio::select! {
+                    ended = connection => if let Err(error) = ended {
+                        tracing::debug!(%error, "connection ended with an error");
+                    },
+                    // Dropping the connection closes its socket.
+                    () = conn.close.notified() => {}
+                }
+                open.remove(id);
+                drop(permit);
+            });
+        }));
     }
     drop(listener);
     eprintln!(

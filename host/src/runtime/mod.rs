@@ -41,15 +41,23 @@ const POOL_TABLES_PER_COMPONENT: u32 = 8;
 /// A slot's linear memory may grow to this (the fetcher holds one
 /// non-streamed answer at most).
 const POOL_MAX_MEMORY: usize = 256 << 20;
-/// Kept mapped and zeroed with `memset` when a slot is reused; the rest is
-/// returned to the kernel. 0, 128 KiB and 1 MiB measured within noise of
-/// each other (`bench --proxy-only`); 128 KiB bounds what 64 idle slots
-/// hold to 8 MiB. Wasmtime's `pagemap_scan` (reset only the pages a call
-/// dirtied, found with the kernel's PAGEMAP_SCAN) measured a cloud step
-/// ~40 µs faster at p50, p99 within noise, and is not used: in wasmtime
-/// 48 a dirty page that is swapped out is neither reset nor decommitted,
-/// so on a host with swap the next call in the slot could read it.
-const POOL_KEEP_RESIDENT: usize = 128 << 10;
+/// Kept mapped and overwritten in place (the module's image copied back,
+/// the rest zeroed) when a slot is reused; the rest of the slot is handed
+/// back to the kernel and faults in again when touched. The cloud fetcher
+/// is linked with a 128 KiB stack (components/cloud-fetch/build.rs) so a
+/// call's stack, statics and heap lie inside this: a call then takes no
+/// page faults and the reset no `madvise` (whose TLB shootdown interrupts
+/// the other core). Measured with `edgeroute bench --proxy-only`
+/// (2026-12-05, 3 runs each): the fetcher alone, pooled / fresh p50
+/// 0.80 -> 0.74, the node's cloud step p50 ~355 -> ~330 µs. With Rust's
+/// default 1 MiB stack, 0, 128 KiB and 1 MiB measured within noise. 64
+/// idle slots hold 32 MiB at most. Wasmtime's `pagemap_scan` (reset only
+/// the pages a call dirtied, found with the kernel's PAGEMAP_SCAN) is not
+/// used: in wasmtime 48 a dirty page that is swapped out is neither reset
+/// nor decommitted, so on a host with swap the next call in the slot could
+/// read it; what is overwritten here is overwritten whether or not it was
+/// swapped out.
+const POOL_KEEP_RESIDENT: usize = 512 << 10;
 
 /// An engine for components instantiated once per call, many times a
 /// second (the cloud fetcher): their memories, tables and fiber stacks

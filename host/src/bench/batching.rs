@@ -94,15 +94,21 @@ pub(super) fn rss_mib() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
-/// Prompt tokens per second of a direct prefill: a long prompt's start
-/// minus a one-message start (context creation and the first sample).
-fn prefill_rate(model: &Arc<LoadedModel>) -> anyhow::Result<f64> {
-    let long: String = TOPICS
+/// Forty short sentences (~300 tokens): a prompt whose prefill time says
+/// more about speed than about fixed costs.
+fn long_prompt() -> String {
+    TOPICS
         .iter()
         .cycle()
         .take(40)
         .map(|t| format!("A note about {t}. "))
-        .collect();
+        .collect()
+}
+
+/// Prompt tokens per second of a direct prefill: a long prompt's start
+/// minus a one-message start (context creation and the first sample).
+fn prefill_rate(model: &Arc<LoadedModel>) -> anyhow::Result<f64> {
+    let long = long_prompt();
     let time = |text: &str| -> anyhow::Result<(f64, usize)> {
         let tokens = model.chat_tokens(&[("user".into(), text.into())])?;
         let n = tokens.len();
@@ -121,6 +127,28 @@ fn prefill_rate(model: &Arc<LoadedModel>) -> anyhow::Result<f64> {
     let (short_s, short_n) = time("Hi.")?;
     let (long_s, long_n) = time(&long)?;
     Ok((long_n - short_n) as f64 / (long_s - short_s).max(1e-9))
+}
+
+/// Runs of each prefill for [`output_head_share`].
+const CEILING_RUNS: usize = 5;
+
+/// How fast a prefill is with every position's logits against the last
+/// position's only, as a ratio of medians, the two alternating: what
+/// computing the output head for every token (as every decode step does)
+/// leaves of the prefill speed.
+fn output_head_share(model: &Arc<LoadedModel>) -> anyhow::Result<f64> {
+    let tokens = model.chat_tokens(&[("user".into(), long_prompt())])?;
+    let (mut last_only, mut every) = (Vec::new(), Vec::new());
+    model.time_prefill(&tokens, false)?;
+    for _ in 0..CEILING_RUNS {
+        last_only.push(model.time_prefill(&tokens, false)?);
+        every.push(model.time_prefill(&tokens, true)?);
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    Ok(median(last_only) / median(every))
 }
 
 pub async fn run(
@@ -150,6 +178,10 @@ pub async fn run(
     let prefill = {
         let model = model.clone();
         tokio::task::spawn_blocking(move || prefill_rate(&model)).await??
+    };
+    let ceiling = {
+        let model = model.clone();
+        tokio::task::spawn_blocking(move || output_head_share(&model)).await??
     };
 
     // The baseline: every prompt one at a time, each in its own context.
@@ -227,6 +259,11 @@ pub async fn run(
     let peak_rss = peak_kib.load(Ordering::Relaxed) as f64 / 1024.0;
     println!(
         "  direct one at a time: {baseline_rate:.1} tokens/s; prefill {prefill:.0} tokens/s (direct, same threads)"
+    );
+    println!(
+        "  batching's ceiling: a prefill with every position's logits (as a batch of decodes needs them) runs at {:.0} % of the speed of one with the last position's only (median of {CEILING_RUNS} each, alternating): 8 streams can reach at most ~{:.0} tokens/s here",
+        ceiling * 100.0,
+        ceiling * prefill
     );
     let kv_mib = load.kv_budget as f64 * model.kv_bytes_per_token() as f64 / (1 << 20) as f64;
     // The node also holds the embedding model, if it has one: its weights

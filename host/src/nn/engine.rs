@@ -278,6 +278,37 @@ impl LoadedModel {
         Ok(max_tokens.min(n_ctx - prompt_tokens as u32))
     }
 
+    /// Seconds to prefill `tokens` in a fresh context (its creation not
+    /// counted), with logits for every position (`every_logit`) or only
+    /// the last, as a generation's prefill. A step of batched decoding
+    /// needs every row's logits, so the output head (vocabulary × width)
+    /// runs for each token it makes but once per prefill: the two speeds'
+    /// ratio is the share of the prefill speed batching can reach on this
+    /// model (`edgeroute bench --batching` reports it).
+    pub fn time_prefill(&self, tokens: &[LlamaToken], every_logit: bool) -> anyhow::Result<f64> {
+        let chunk = self.runtime.context_size.min(PREFILL_CHUNK);
+        let mut context = self.new_context(chunk)?;
+        let mut batch = LlamaBatch::new(chunk as usize, 1);
+        let last = tokens.len().saturating_sub(1);
+        let started = Instant::now();
+        for (c, piece) in tokens.chunks(chunk as usize).enumerate() {
+            batch.clear();
+            for (j, token) in piece.iter().enumerate() {
+                let position = c * chunk as usize + j;
+                batch.add(
+                    *token,
+                    position as i32,
+                    &[0],
+                    every_logit || position == last,
+                )?;
+            }
+            context
+                .decode(&mut batch)
+                .context("llama.cpp prefill failed")?;
+        }
+        Ok(started.elapsed().as_secs_f64())
+    }
+
     fn new_context(&self, chunk: u32) -> anyhow::Result<LlamaContext<'static>> {
         let threads = self.runtime.threads as i32;
         let params = LlamaContextParams::default()

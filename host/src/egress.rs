@@ -8,6 +8,7 @@
 //! guard has let them out. No guest ever holds the key, so none can leak it.
 
 use crate::audit::{self, AuditLog, Event, Record};
+use crate::per_thread::ClientPerThread;
 use crate::targets::Taint;
 use http::header::{self, HeaderName, HeaderValue};
 use std::collections::HashSet;
@@ -88,42 +89,26 @@ pub struct EgressHooks {
     /// Added only to requests for this upstream's origin: another allowed
     /// host (a second upstream) must not receive this one's key.
     pub credential: Option<Credential>,
+    /// The node's pools of upstream connections, one per thread.
+    pub clients: Arc<ClientPerThread>,
 }
 
-/// The node's client for every upstream call. Connections are kept and
+/// The node's client for upstream calls (one per thread:
+/// [`ClientPerThread`]). Connections are kept and
 /// reused (HTTP/1.1 keep-alive; HTTP/2 when the server offers it by ALPN),
 /// where wasmtime's default sender opens a new TCP and TLS connection per
 /// request. No redirects and no proxy from the environment: the guard
 /// checked this request's host, and only that host may receive it.
-pub fn upstream_client() -> anyhow::Result<reqwest::Client> {
-    Ok(reqwest::Client::builder()
+pub fn upstream_client() -> reqwest::Result<reqwest::Client> {
+    reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .no_proxy()
         .tcp_nodelay(true)
         .pool_idle_timeout(std::time::Duration::from_secs(90))
-        .build()?)
+        .build()
 }
 
-thread_local! {
-    static CLIENT_HERE: std::cell::OnceCell<reqwest::Client> = const { std::cell::OnceCell::new() };
-}
-
-/// This thread's [`upstream_client`], made on first use. A pooled
-/// connection is driven by a task on the runtime that opened it, so one
-/// pool shared by the node's connection threads (`serve::threads`) would
-/// hand every upstream call to whichever thread opened its connection;
-/// a pool per thread keeps a call's I/O on the thread that serves it.
-pub fn upstream_client_here() -> anyhow::Result<reqwest::Client> {
-    CLIENT_HERE.with(|cell| {
-        if let Some(client) = cell.get() {
-            return Ok(client.clone());
-        }
-        let client = upstream_client()?;
-        Ok(cell.get_or_init(|| client).clone())
-    })
-}
-
-/// Send a request the guard let out through the shared pool, with the
+/// Send a request the guard let out through this thread's pool, with the
 /// guest's connect and first-byte timeouts.
 async fn send_pooled(
     client: reqwest::Client,
@@ -317,7 +302,7 @@ impl WasiHttpHooks for EgressHooks {
                 .headers_mut()
                 .insert(header::AUTHORIZATION, credential.authorization.clone());
         }
-        let client = match upstream_client_here() {
+        let client = match self.clients.here() {
             Ok(client) => client,
             Err(error) => {
                 let why = format!("no upstream client: {error:#}");
@@ -388,6 +373,10 @@ mod tests {
         http::Request::post(url).body(body).unwrap()
     }
 
+    fn clients() -> Arc<ClientPerThread> {
+        Arc::new(ClientPerThread::new(upstream_client).unwrap())
+    }
+
     fn hooks(may_leave: bool) -> EgressHooks {
         EgressHooks {
             allowed_hosts: Arc::new(HashSet::from(["127.0.0.1:9".to_string()])),
@@ -397,6 +386,7 @@ mod tests {
             call: Arc::default(),
             meter: Default::default(),
             credential: None,
+            clients: clients(),
         }
     }
 
@@ -420,6 +410,7 @@ mod tests {
             call: Arc::default(),
             meter: Default::default(),
             credential: Some(Credential::bearer(&format!("http://{upstream}/v1"), KEY).unwrap()),
+            clients: clients(),
         }
     }
 

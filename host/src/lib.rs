@@ -25,6 +25,7 @@ pub mod memo;
 pub mod metrics;
 pub mod nn;
 pub mod node;
+pub mod per_thread;
 pub mod policy;
 pub mod preinit;
 pub mod quickack;

@@ -53,8 +53,11 @@ impl Fleet {
         let body = forwarded_body(&job)?;
         let bytes = body.len() as u64;
         let started = Instant::now();
-        let sent = self
+        let client = self
             .client
+            .here()
+            .map_err(|e| TargetFailure::Internal(format!("no HTTP client for the fleet: {e}")))?;
+        let sent = client
             .post(format!("{}/v1/chat/completions", url.trim_end_matches('/')))
             .header(TOKEN_HEADER, &self.token)
             .header(FORWARDED_BY_HEADER, &self.config.node)

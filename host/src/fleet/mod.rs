@@ -13,6 +13,7 @@ pub mod sync;
 
 use crate::config::{FleetConfig, PeerChoice};
 use crate::egress::EgressAudit;
+use crate::per_thread::ClientPerThread;
 use edgeroute_core::fleet::{self, Ask, Candidate, PeakEwma};
 use edgeroute_core::guard::{Facts, PeerView};
 use edgeroute_core::{PeerFeature, Sensitivity};
@@ -99,7 +100,8 @@ pub struct Fleet {
     token: String,
     zone_levels: Vec<Sensitivity>,
     peers: Mutex<BTreeMap<String, PeerState>>,
-    client: reqwest::Client,
+    /// Forwards and load polls; one pool of connections per thread.
+    client: ClientPerThread,
     /// Zero of the peak-EWMA clock.
     epoch: Instant,
     audit: Arc<EgressAudit>,
@@ -179,10 +181,15 @@ impl Fleet {
             token,
             zone_levels,
             peers: Mutex::default(),
-            client: reqwest::Client::builder()
-                .tcp_nodelay(true)
-                .connect_timeout(Duration::from_millis(config.stale_ms))
-                .build()?,
+            client: {
+                let connect_timeout = Duration::from_millis(config.stale_ms);
+                ClientPerThread::new(move || {
+                    reqwest::Client::builder()
+                        .tcp_nodelay(true)
+                        .connect_timeout(connect_timeout)
+                        .build()
+                })?
+            },
             epoch: Instant::now(),
             audit,
             timeout,

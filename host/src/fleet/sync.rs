@@ -130,10 +130,16 @@ async fn through_redis(
 /// a report interval keeps its old report, which goes stale.
 async fn poll_peers(fleet: &Fleet) {
     let timeout = Duration::from_millis(fleet.config.report_ms.max(100));
+    let client = match fleet.client.here() {
+        Ok(client) => client,
+        Err(error) => {
+            tracing::warn!(%error, "no HTTP client to ask the peers for their load");
+            return;
+        }
+    };
     let asks = fleet.config.peers.iter().map(|peer| {
         let url = format!("{}/fleet/load", peer.url.trim_end_matches('/'));
-        let ask = fleet
-            .client
+        let ask = client
             .get(url)
             .header(TOKEN_HEADER, &fleet.token)
             .timeout(timeout)

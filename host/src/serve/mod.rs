@@ -134,7 +134,7 @@ pub async fn serve(
                 continue;
             }
         };
-        threads.run(Box::new(move || {
+        threads.run(move |on_thread| {
             let tcp = match tokio::net::TcpStream::from_std(tcp) {
                 Ok(tcp) => tcp,
                 Err(error) => {
@@ -164,8 +164,9 @@ pub async fn serve(
                 }
                 open.remove(id);
                 drop(permit);
+                drop(on_thread);
             });
-        }));
+        });
     }
     drop(listener);
     eprintln!(

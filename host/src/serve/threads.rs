@@ -1,27 +1,44 @@
 //! The threads that serve connections. Each accepted connection is
 //! served to its end on one of them, and each runs a single-threaded
 //! tokio runtime, so everything a request sets going — the pipeline's
-//! task, `wasi:http`'s send task, the upstream client's connection task —
-//! runs on the thread that read the request. On tokio's work-stealing
-//! runtime those tasks wake each other across cores, and on a virtual
-//! machine whose idle core must be woken first each hand-off costs tens
-//! of microseconds (`edgeroute bench --proxy-only` measures it). The same
-//! choice as Pingora's no-steal runtimes: a connection's requests cannot
-//! be taken over by an idle core, so one busy connection is not shared
-//! out, but connections are spread over the threads as they arrive.
-//! Work that is long (local inference, large bodies' detection) already
-//! runs on threads of its own.
+//! task, `wasi:http`'s send task, the upstream client's connection task
+//! (`per_thread.rs`) — runs on the thread that read the request. On
+//! tokio's work-stealing runtime those tasks wake each other across
+//! cores, and on a virtual machine whose idle core must be woken first
+//! each hand-off costs tens of microseconds (`edgeroute bench
+//! --proxy-only` measures it). The same choice as Pingora's no-steal
+//! runtimes. What it gives up: an idle core cannot take over work queued
+//! behind a busy one, so a connection waits while its thread runs another
+//! request's CPU work (a policy call, bounded by its deadline; the cloud
+//! fetcher). Work that is long (local inference, tokenizing and detection
+//! of bodies over 1 KiB) runs on threads of its own, and a new connection
+//! goes to the thread with the fewest open.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::sync::mpsc;
 
 /// Something to run on a connection thread, inside its runtime: what it
 /// spawns stays on that thread.
-pub type Job = Box<dyn FnOnce() + Send>;
+type Job = Box<dyn FnOnce() + Send>;
 
 pub struct ConnectionThreads {
-    threads: Vec<mpsc::UnboundedSender<Job>>,
-    next: AtomicUsize,
+    threads: Vec<Thread>,
+}
+
+struct Thread {
+    jobs: mpsc::UnboundedSender<Job>,
+    /// Connections open on it.
+    open: Arc<AtomicUsize>,
+}
+
+/// Counts a connection as open on its thread until dropped.
+pub struct OnThread(Arc<AtomicUsize>);
+
+impl Drop for OnThread {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl ConnectionThreads {
@@ -48,12 +65,12 @@ impl ConnectionThreads {
                     // already handed off finishes on its own threads.
                     runtime.shutdown_background();
                 })?;
-            threads.push(jobs);
+            threads.push(Thread {
+                jobs,
+                open: Arc::default(),
+            });
         }
-        Ok(Self {
-            threads,
-            next: AtomicUsize::new(0),
-        })
+        Ok(Self { threads })
     }
 
     /// One thread a core the process may use.
@@ -61,10 +78,46 @@ impl ConnectionThreads {
         Self::start(std::thread::available_parallelism().map_or(1, |n| n.get()))
     }
 
-    /// Run `job` on the next thread in turn.
-    pub fn run(&self, job: Job) {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.threads.len();
+    /// Run `connection` on the thread with the fewest connections open,
+    /// inside its runtime; it holds its [`OnThread`] for as long as it is
+    /// open.
+    pub fn run(&self, connection: impl FnOnce(OnThread) + Send + 'static) {
+        let thread = self
+            .threads
+            .iter()
+            .min_by_key(|t| t.open.load(Ordering::Relaxed))
+            .expect("at least one thread");
+        thread.open.fetch_add(1, Ordering::Relaxed);
+        let on_thread = OnThread(thread.open.clone());
         // A thread ends only when this is dropped, so the send succeeds.
-        let _ = self.threads[i].send(job);
+        let _ = thread.jobs.send(Box::new(move || connection(on_thread)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A new connection goes to the thread with the fewest open, and a
+    /// closed one makes room on its thread again.
+    #[test]
+    fn connections_go_to_the_least_busy_thread() {
+        let threads = ConnectionThreads::start(2).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let open = |tx: std::sync::mpsc::Sender<(String, OnThread)>| {
+            move |on: OnThread| {
+                let name = std::thread::current().name().unwrap().to_string();
+                tx.send((name, on)).unwrap();
+            }
+        };
+        threads.run(open(tx.clone()));
+        threads.run(open(tx.clone()));
+        let (a, a_on) = rx.recv().unwrap();
+        let (b, _b_on) = rx.recv().unwrap();
+        assert_ne!(a, b, "two connections, two threads");
+        drop(a_on);
+        threads.run(open(tx.clone()));
+        let (c, _c_on) = rx.recv().unwrap();
+        assert_eq!(c, a, "the thread whose connection closed");
     }
 }

@@ -8,6 +8,7 @@ use crate::audit::Event;
 use crate::bindings::target::TargetPre;
 use crate::config::UpstreamConfig;
 use crate::egress::{self, CallMeter, Credential, EgressAudit, EgressHooks};
+use crate::per_thread::ClientPerThread;
 use crate::runtime::roles::cloud_fetch::{self, CloudState};
 use crate::runtime::roles::{self, Role};
 use crate::runtime::{self, NO_DEADLINE, Sink};
@@ -63,6 +64,8 @@ pub struct CloudTarget {
     allowed_hosts: Arc<HashSet<String>>,
     timeout: Duration,
     pub audit: Arc<EgressAudit>,
+    /// Pools of connections for every call to every upstream, one per thread.
+    clients: Arc<ClientPerThread>,
 }
 
 /// Calls that run on pooled instances at once; more take a fresh instance
@@ -175,6 +178,7 @@ impl CloudTarget {
             allowed_hosts: Arc::new(allowed),
             timeout,
             audit: Arc::new(EgressAudit::with_log(audit_log)),
+            clients: Arc::new(ClientPerThread::new(crate::egress::upstream_client)?),
         })
     }
 
@@ -228,6 +232,7 @@ impl CloudTarget {
                 call: call.clone(),
                 meter: job.meter.clone(),
                 credential: upstream.credential.clone(),
+                clients: self.clients.clone(),
             },
             sink: Sink {
                 tx: job.stream,

@@ -57,7 +57,7 @@ const POOL_MAX_MEMORY: usize = 256 << 20;
 /// nor decommitted, so on a host with swap the next call in the slot could
 /// read it; what is overwritten here is overwritten whether or not it was
 /// swapped out.
-const POOL_KEEP_RESIDENT: usize = 512 << 10;
+pub const POOL_KEEP_RESIDENT: usize = 512 << 10;
 
 /// An engine for components instantiated once per call, many times a
 /// second (the cloud fetcher): their memories, tables and fiber stacks

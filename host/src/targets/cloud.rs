@@ -363,18 +363,20 @@ mod tests {
         crate::targets::greedy_request(Vec::new(), 1)
     }
 
-    /// Past the pool's slots a call takes a fresh instance and still gets
-    /// its answer; a slot is free again once its call has ended.
-    #[tokio::test]
-    async fn calls_past_the_pool_take_fresh_instances() {
-        let slow = crate::bench::upstream::Timing {
-            round_trip: Duration::from_millis(300),
+    /// The real fetcher with one pool slot, as upstream `name`: a loopback
+    /// server that answers one word after `round_trip` and records bodies.
+    async fn one_slot_before(
+        name: &str,
+        round_trip: Duration,
+    ) -> (crate::bench::upstream::Simulated, CloudTarget) {
+        let timing = crate::bench::upstream::Timing {
+            round_trip,
             server_ttft: Duration::ZERO,
             tokens_per_s: 1e9,
         };
-        let upstream = crate::bench::upstream::start(slow).await.unwrap();
+        let upstream = crate::bench::upstream::start(timing).await.unwrap();
         let config = UpstreamConfig {
-            name: "slow".into(),
+            name: name.into(),
             base_url: upstream.base_url.clone(),
             model: "m".into(),
             api_key_env: None,
@@ -385,6 +387,14 @@ mod tests {
         let fetcher = crate::components::CLOUD_FETCH;
         let timeout = Duration::from_secs(30);
         let cloud = CloudTarget::with_pool(&engine, fetcher, &[config], timeout, None, 1).unwrap();
+        (upstream, cloud)
+    }
+
+    /// Past the pool's slots a call takes a fresh instance and still gets
+    /// its answer; a slot is free again once its call has ended.
+    #[tokio::test]
+    async fn calls_past_the_pool_take_fresh_instances() {
+        let (upstream, cloud) = one_slot_before("slow", Duration::from_millis(300)).await;
         assert!(cloud.pooled.is_some(), "the fetcher fits a pool slot");
         let call = || cloud.generate("slow", Job::new(request()), Taint::may_leave("pool"));
         // Each holds its instance for the upstream's 300 ms: one slot, three calls.
@@ -396,6 +406,37 @@ mod tests {
         assert_eq!(call().await.unwrap().text, "word");
         assert_eq!(cloud.overflowed(), 2, "the slot was free again");
         assert_eq!(upstream.received.lock().unwrap().len(), 4);
+    }
+
+    /// The fetcher runs on a 128 KiB stack (components/cloud-fetch/build.rs)
+    /// and parses, rewrites and encodes the client's body recursively: the
+    /// deepest body the node's parser lets through (serde_json's recursion
+    /// limit) still goes out whole.
+    #[tokio::test]
+    async fn the_deepest_body_a_client_may_send_fits_the_fetchers_stack() {
+        let nested = |depth: usize| format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+        let body = |depth: usize| {
+            format!(
+                r#"{{"model":"auto","messages":[{{"role":"user","content":"hi"}}],"deep":{}}}"#,
+                nested(depth)
+            )
+        };
+        let parses = |depth: usize| serde_json::from_str::<serde_json::Value>(&body(depth)).is_ok();
+        let deepest = (1..1000).take_while(|&d| parses(d)).last().unwrap();
+        assert!(deepest > 100, "serde_json's limit is 128 levels: {deepest}");
+        let (upstream, cloud) = one_slot_before("deep", Duration::ZERO).await;
+        let mut request = request();
+        request.passthrough = Some(body(deepest));
+        let answer = cloud
+            .generate("deep", Job::new(request), Taint::may_leave("deep"))
+            .await
+            .unwrap();
+        assert_eq!(answer.text, "word");
+        let sent = upstream.received.lock().unwrap()[0].clone();
+        assert!(
+            String::from_utf8_lossy(&sent).contains(&nested(deepest)),
+            "the nesting went out whole"
+        );
     }
 
     #[test]
@@ -465,14 +506,25 @@ mod tests {
         let forwards = "the-previous-call-left-this";
         let backwards: String = forwards.chars().rev().collect();
         let kept = say(format!("keep:{backwards}")).await.unwrap().text;
-        let times: usize = kept
-            .strip_prefix("kept; found ")
-            .and_then(|rest| rest.strip_suffix(" times"))
-            .and_then(|n| n.parse().ok())
+        let at: Vec<usize> = kept
+            .strip_prefix("kept at ")
+            .map(|list| list.split(',').filter_map(|a| a.parse().ok()).collect())
             .unwrap_or_else(|| panic!("{kept}"));
         assert!(
-            times >= 5,
+            at.len() >= 5,
             "the request's copy, the stack's, the static's and the two leaked blocks': {kept}"
+        );
+        // Both ways a slot is wiped are tried: the stack (below the statics,
+        // which the 128 KiB stack puts at 128 KiB) lies in the part that is
+        // overwritten in place, the end of the leaked mebibyte in the part
+        // handed back to the kernel.
+        assert!(
+            at.iter().any(|&a| a < 128 << 10),
+            "a copy on the stack: {kept}"
+        );
+        assert!(
+            at.iter().any(|&a| a >= runtime::POOL_KEEP_RESIDENT),
+            "a copy past the kept part: {kept}"
         );
         let scan = say(format!("scan:{forwards}")).await.unwrap().text;
         assert_eq!(scan, "found 0 times");

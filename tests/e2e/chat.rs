@@ -50,12 +50,17 @@ fn chat_with(prompt: &str, key: &str, value: Value) -> Value {
 
 /// A prompt of well over 64 tokens (about 150 words) carrying `canary`, so the
 /// fake cloud's record shows whether this exact prompt left the node.
+///
+/// Public on its face, with a margin: the prose classifier scores it 0.26
+/// (threshold 0.37) whatever the canary. Business notes that opened with
+/// "Reference <canary>." scored 0.26–0.49 by the canary's random letters,
+/// and a request kept local by chance made a cloud test fail.
 fn long_prompt(canary: &str) -> String {
-    let notes = "The quarterly report covers regional sales, inventory turnover, \
-                 supplier delays, staffing changes and the outlook for the next two \
-                 quarters across every store in the northern district.";
+    let notes = "The visitor guide covers the old harbour, the lighthouse, the fish \
+                 market, the cliff path and the ferry times for the islands along the \
+                 northern coast in summer.";
     format!(
-        "Reference {canary}. Summarize these notes in one sentence. {} End of notes.",
+        "Summarize these notes in one sentence. {} End of notes, reference {canary}.",
         [notes; 5].join(" ")
     )
 }

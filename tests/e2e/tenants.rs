@@ -35,8 +35,10 @@ fn new_key(tenant: &str) -> (String, String) {
 
 /// Over 64 tokens, so the default policy wants the cloud for it.
 fn long_prompt(canary: &str) -> String {
+    // The canary last: random letters beside "Reference" at the start
+    // raise the prose classifier's score (chat.rs's long_prompt says more).
     format!(
-        "Reference {canary}. Summarise in one line: {}",
+        "Summarise in one line: {}. Reference {canary}.",
         ["the store's quarterly sales rose while supplier delays and staffing changes weighed on the outlook for the district"; 4].join("; ")
     )
 }

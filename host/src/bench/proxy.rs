@@ -97,7 +97,7 @@ pub(super) async fn send_timed(
     Ok((first.unwrap_or(total), total, timing))
 }
 
-/// The p50 of each step a `Server-Timing` header named (`name;dur=ms,
+/// The p50 and p99 of each step a `Server-Timing` header named (`name;dur=ms,
 /// …`), in the order the steps first appear: where `whose` time went.
 pub(super) fn report_steps(whose: &str, headers: &[String]) {
     let mut steps: Vec<(String, Vec<f64>)> = Vec::new();
@@ -114,13 +114,17 @@ pub(super) fn report_steps(whose: &str, headers: &[String]) {
     }
     let line: Vec<String> = steps
         .into_iter()
-        .map(|(name, mut all)| {
-            all.sort_by(f64::total_cmp);
-            format!("{name} {:.0} µs", all[all.len() / 2] * 1e3)
+        .map(|(name, all)| {
+            let spread = super::Spread::of(
+                all.iter()
+                    .map(|ms| Duration::from_secs_f64(ms / 1e3))
+                    .collect(),
+            );
+            format!("{name} {:.0}/{:.0}", spread.p50, spread.p99)
         })
         .collect();
     println!(
-        "    {whose} steps (Server-Timing), p50: {}",
+        "    {whose} steps (Server-Timing), p50/p99 µs: {}",
         line.join(", ")
     );
 }

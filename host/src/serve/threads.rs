@@ -9,10 +9,11 @@
 //! --proxy-only` measures it). The same choice as Pingora's no-steal
 //! runtimes. What it gives up: an idle core cannot take over work queued
 //! behind a busy one, so a connection waits while its thread runs another
-//! request's CPU work (a policy call, bounded by its deadline; the cloud
-//! fetcher). Work that is long (local inference, tokenizing and detection
-//! of bodies over 1 KiB) runs on threads of its own, and a new connection
-//! goes to the thread with the fewest open.
+//! request's CPU work (parsing its body, up to `[limits] max_body_bytes`;
+//! a policy call, bounded by its deadline; the cloud fetcher). Local
+//! inference and the tokenizing and detection of bodies over 1 KiB run on
+//! threads of their own, and a new connection goes to the thread with the
+//! fewest open.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -58,7 +59,13 @@ impl ConnectionThreads {
                 .spawn(move || {
                     runtime.block_on(async move {
                         while let Some(job) = received.recv().await {
-                            job();
+                            // A connection that fails to start must not
+                            // take the thread, and its others, with it.
+                            let started =
+                                std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+                            if started.is_err() {
+                                tracing::error!("a connection panicked while starting; closed");
+                            }
                         }
                     });
                     // Connections still open are cut here; blocking work
@@ -89,7 +96,9 @@ impl ConnectionThreads {
             .expect("at least one thread");
         thread.open.fetch_add(1, Ordering::Relaxed);
         let on_thread = OnThread(thread.open.clone());
-        // A thread ends only when this is dropped, so the send succeeds.
+        // A thread's loop ends only when this is dropped (a job's panic is
+        // caught there), so the send succeeds; if it did not, the
+        // connection would be dropped, closing its socket.
         let _ = thread.jobs.send(Box::new(move || connection(on_thread)));
     }
 }
@@ -112,12 +121,17 @@ mod tests {
         };
         threads.run(open(tx.clone()));
         threads.run(open(tx.clone()));
-        let (a, a_on) = rx.recv().unwrap();
-        let (b, _b_on) = rx.recv().unwrap();
-        assert_ne!(a, b, "two connections, two threads");
-        drop(a_on);
+        let mut open_now = [rx.recv().unwrap(), rx.recv().unwrap()];
+        assert_ne!(open_now[0].0, open_now[1].0, "two connections, two threads");
+        // Close the one on the second thread: turn by turn, the next would
+        // go to the first.
+        open_now.sort_by(|a, b| a.0.cmp(&b.0));
+        let [first, (second, second_on)] = open_now;
+        assert_eq!(second, "edgeroute-conn-1");
+        drop(second_on);
         threads.run(open(tx.clone()));
-        let (c, _c_on) = rx.recv().unwrap();
-        assert_eq!(c, a, "the thread whose connection closed");
+        let (next, _next_on) = rx.recv().unwrap();
+        assert_eq!(next, second, "the thread whose connection closed");
+        drop(first);
     }
 }

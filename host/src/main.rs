@@ -8,11 +8,13 @@ use std::path::PathBuf;
 /// mimalloc instead of glibc's malloc (a tenth of a cloud call's CPU
 /// was glibc's malloc and free): per-thread free lists, no arena locks.
 /// `edgeroute bench --proxy-only`, 2026-12-05: non-streaming added p50
-/// 507-522 -> 455-476 µs (3 and 6 runs). Built without transparent huge
-/// pages (`no_thp`, which turns them off for the process): with them a
-/// fresh heap page faulted in 2 MiB zeroed at once on a request's path,
-/// and idle RSS rose 362 -> 414 MiB, past the batching benchmark's bound;
-/// without, 373 MiB, and llama.cpp's decode and prefill speeds unchanged.
+/// 507-522 -> 455-476 µs (3 and 6 runs). Built with `no_thp`: mimalloc
+/// does not ask for transparent huge pages (`MADV_HUGEPAGE`) on its own
+/// memory (the process's other memory is untouched; on a host whose THP
+/// setting is `always` the kernel may still use them). Asking, a fresh
+/// heap page faulted in 2 MiB of zeroes on a request's path, and idle RSS
+/// rose 362 -> 414 MiB, past the batching benchmark's bound; without,
+/// 373 MiB, and llama.cpp's decode and prefill speeds unchanged.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -884,20 +884,22 @@ fn what_people_paste_stays_local_and_the_reason_says_what_was_found() {
         .policy_component(POLICY_ALWAYS_CLOUD)
         .start();
     let user = |text: String| json!({"role": "user", "content": text});
+    // One user message: a canary of `label`, then `text`.
+    let pasted = |label: &str, text: &str| vec![user(format!("{} {text}", unique(label)))];
     let cases: Vec<(&str, Vec<Value>)> = vec![
         (
             "api-key",
-            vec![user(format!(
-                "{} Why does this fail?\n```\naws_access_key_id = AKIA4H7Q2ZK9RT3WXP5N\nregion = eu-west-1\n```",
-                unique("canary-aws")
-            ))],
+            pasted(
+                "canary-aws",
+                "Why does this fail?\n```\naws_access_key_id = AKIA4H7Q2ZK9RT3WXP5N\nregion = eu-west-1\n```",
+            ),
         ),
         (
             "private-key",
-            vec![user(format!(
-                "{} Is this key format right?\n-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----",
-                unique("canary-pem")
-            ))],
+            pasted(
+                "canary-pem",
+                "Is this key format right?\n-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----",
+            ),
         ),
         (
             "payment-card",
@@ -912,41 +914,41 @@ fn what_people_paste_stays_local_and_the_reason_says_what_was_found() {
         ),
         (
             "cn-resident-id",
-            vec![user(format!(
-                "{} 我的身份证号是11010519491231002X，请帮我填表。",
-                unique("canary-cn")
-            ))],
+            pasted(
+                "canary-cn",
+                "我的身份证号是11010519491231002X，请帮我填表。",
+            ),
         ),
         (
             "confidential",
-            vec![user(format!(
-                "{} Internal only: the merger with Acme is unannounced; summarise the plan.",
-                unique("canary-memo")
-            ))],
+            pasted(
+                "canary-memo",
+                "Internal only: the merger with Acme is unannounced; summarise the plan.",
+            ),
         ),
         // Shapes the rules learnt from the development set: a default
         // password inside code that reads one, a marking quoted in French
         // typography, a Spanish mobile by its grouping alone.
         (
             "password",
-            vec![user(format!(
-                "{} Why does this crash?\n```\nDB_PASSWORD = os.getenv(\"DB_PASSWORD\", \"Pr0d-S3cret!\")\n```",
-                unique("canary-default")
-            ))],
+            pasted(
+                "canary-default",
+                "Why does this crash?\n```\nDB_PASSWORD = os.getenv(\"DB_PASSWORD\", \"Pr0d-S3cret!\")\n```",
+            ),
         ),
         (
             "confidential",
-            vec![user(format!(
-                "{} Ce document est « confidentiel » : le site de Lyon ferme en juin. Résume-le.",
-                unique("canary-fr")
-            ))],
+            pasted(
+                "canary-fr",
+                "Ce document est « confidentiel » : le site de Lyon ferme en juin. Résume-le.",
+            ),
         ),
         (
             "phone",
-            vec![user(format!(
-                "{} Escribe un recordatorio: devolver la llamada al 612 48 93 07.",
-                unique("canary-es")
-            ))],
+            pasted(
+                "canary-es",
+                "Escribe un recordatorio: devolver la llamada al 612 48 93 07.",
+            ),
         ),
     ];
     let mut canaries = Vec::new();

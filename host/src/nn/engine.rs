@@ -289,23 +289,8 @@ impl LoadedModel {
         let chunk = self.runtime.context_size.min(PREFILL_CHUNK);
         let mut context = self.new_context(chunk)?;
         let mut batch = LlamaBatch::new(chunk as usize, 1);
-        let last = tokens.len().saturating_sub(1);
         let started = Instant::now();
-        for (c, piece) in tokens.chunks(chunk as usize).enumerate() {
-            batch.clear();
-            for (j, token) in piece.iter().enumerate() {
-                let position = c * chunk as usize + j;
-                batch.add(
-                    *token,
-                    position as i32,
-                    &[0],
-                    every_logit || position == last,
-                )?;
-            }
-            context
-                .decode(&mut batch)
-                .context("llama.cpp prefill failed")?;
-        }
+        prefill(&mut context, &mut batch, tokens, chunk, every_logit)?;
         Ok(started.elapsed().as_secs_f64())
     }
 
@@ -326,6 +311,32 @@ impl LoadedModel {
         // outlives the model.
         Ok(unsafe { std::mem::transmute::<LlamaContext<'_>, LlamaContext<'static>>(context) })
     }
+}
+
+/// Decode `tokens` into `context` from position 0, `chunk` at a time (the
+/// context's `n_batch`), with logits for every position or only the last.
+fn prefill(
+    context: &mut LlamaContext<'static>,
+    batch: &mut LlamaBatch,
+    tokens: &[LlamaToken],
+    chunk: u32,
+    every_logit: bool,
+) -> anyhow::Result<()> {
+    let last = tokens.len().saturating_sub(1);
+    for (c, piece) in tokens.chunks(chunk as usize).enumerate() {
+        batch.clear();
+        for (j, token) in piece.iter().enumerate() {
+            let position = c * chunk as usize + j;
+            batch.add(
+                *token,
+                position as i32,
+                &[0],
+                every_logit || position == last,
+            )?;
+        }
+        context.decode(batch).context("llama.cpp prefill failed")?;
+    }
+    Ok(())
 }
 
 /// Why a generation ended, in OpenAI's words.
@@ -499,18 +510,8 @@ impl Generation {
         let mut context = model.new_context(chunk)?;
         let created = Instant::now();
         let mut batch = LlamaBatch::new(chunk as usize, 1);
-        let last = tokens.len() - 1;
-        for (c, piece) in tokens.chunks(chunk as usize).enumerate() {
-            batch.clear();
-            for (j, token) in piece.iter().enumerate() {
-                let position = c * chunk as usize + j;
-                // Only the prompt's last token needs logits: it predicts the first output.
-                batch.add(*token, position as i32, &[0], position == last)?;
-            }
-            context
-                .decode(&mut batch)
-                .context("llama.cpp prefill failed")?;
-        }
+        // Only the prompt's last token needs logits: it predicts the first output.
+        prefill(&mut context, &mut batch, &tokens, chunk, false)?;
         let prefilled = Instant::now();
         model.measured(|speed| {
             speed.overhead_ms.add(ms(created.duration_since(started)));

@@ -93,6 +93,11 @@ fn config() -> Config {
     let mut config = Config::new();
     config.wasm_component_model(true);
     config.epoch_interruption(true);
+    // No guest here uses the component model's async ABI (the Wizer
+    // snapshot in `preinit` does, on an engine of its own), and with
+    // concurrency support on, every call into or out of a guest keeps
+    // task bookkeeping (a host task made and deleted per host call).
+    config.concurrency_support(false);
     // Interpreter-based policies (Python, JavaScript) take seconds to
     // compile; the on-disk cache makes every later load of the same bytes
     // (a restart, a rollback, a re-swap) take milliseconds.

@@ -17,6 +17,7 @@
 pub mod body;
 pub mod collect;
 pub mod eval;
+mod must_hold;
 mod normalize;
 mod prose;
 mod rules;
@@ -108,13 +109,7 @@ impl Detector {
             // Operator kinds live as long as the detector's process (the
             // node) or instance (a Spin request).
             let kind: &'static str = Box::leak(p.kind.clone().into_boxed_str());
-            rules.push(Rule {
-                kind,
-                pattern,
-                check: None,
-                context: None,
-                unless: None,
-            });
+            rules.push(Rule::new(kind, pattern, None));
         }
         let allow = settings
             .allow
@@ -195,8 +190,15 @@ impl Detector {
     }
 
     fn scan_one(&self, text: &str, found: &mut BTreeSet<&'static str>) {
+        let digits = must_hold::count(text);
         for rule in &self.rules {
-            if found.contains(rule.kind) {
+            if rule.min_digits > digits || found.contains(rule.kind) {
+                continue;
+            }
+            if rule.context_anywhere
+                && let Some(words) = &rule.context
+                && !words.is_match(text)
+            {
                 continue;
             }
             if matches(rule, text) {

@@ -27,6 +27,27 @@ pub struct Rule {
     pub context: Option<Regex>,
     /// Must not match there: words that make the value something else.
     pub unless: Option<Regex>,
+    /// The fewest ASCII digits a match holds: a text with fewer is not
+    /// searched (see `must_hold`).
+    pub min_digits: usize,
+    /// The context words must appear somewhere in a text for the rule to
+    /// match it (they hold no assertion): a text without them is not
+    /// searched.
+    pub context_anywhere: bool,
+}
+
+impl Rule {
+    pub fn new(kind: &'static str, pattern: Regex, check: Option<fn(&str) -> bool>) -> Self {
+        Self {
+            kind,
+            min_digits: crate::must_hold::min_digits(pattern.as_str()),
+            pattern,
+            check,
+            context: None,
+            unless: None,
+            context_anywhere: false,
+        }
+    }
 }
 
 /// How far before a value its context words may be.
@@ -44,13 +65,8 @@ fn bounded(inner: &str) -> String {
 }
 
 fn rule(kind: &'static str, pattern: &str, check: Option<fn(&str) -> bool>) -> Rule {
-    Rule {
-        kind,
-        pattern: Regex::new(&ascii(pattern)).unwrap_or_else(|e| panic!("rule {kind}: {e}")),
-        check,
-        context: None,
-        unless: None,
-    }
+    let pattern = Regex::new(&ascii(pattern)).unwrap_or_else(|e| panic!("rule {kind}: {e}"));
+    Rule::new(kind, pattern, check)
 }
 
 /// A pattern with ASCII word boundaries and ASCII digits: Unicode `\b`
@@ -63,7 +79,9 @@ fn ascii(pattern: &str) -> String {
 }
 
 fn with_context(mut r: Rule, words: &str) -> Rule {
-    r.context = Some(Regex::new(&format!("(?i)(?:{words})")).expect("context words"));
+    let context = Regex::new(&format!("(?i)(?:{words})")).expect("context words");
+    r.context_anywhere = crate::must_hold::assertion_free(context.as_str());
+    r.context = Some(context);
     r
 }
 

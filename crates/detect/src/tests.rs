@@ -627,3 +627,58 @@ fn look_alikes_that_fail_their_checks_cannot_make_a_scan_quadratic() {
     let tokens = "token=token=".repeat(50_000);
     let _ = d.scan([tokens.as_str()]);
 }
+
+/// What a text must hold for a rule to match (its digits, its context
+/// words: `must_hold`) is a necessary condition on every prompt shipped:
+/// no rule that matches a text is skipped for it. And it skips something:
+/// most rules are numbers or need context words.
+#[test]
+fn no_rule_that_matches_a_text_is_skipped_for_it() {
+    let detector = detector();
+    let numbers = detector.rules.iter().filter(|r| r.min_digits > 0).count();
+    let with_words = detector.rules.iter().filter(|r| r.context_anywhere).count();
+    assert!(
+        numbers >= 25 && with_words >= 6,
+        "{numbers}, {with_words} of {}",
+        detector.rules.len()
+    );
+    let mut checked = 0;
+    for file in [
+        "eval.jsonl",
+        "dev.jsonl",
+        "heldout.jsonl",
+        "heldout2.jsonl",
+        "topics.jsonl",
+    ] {
+        let path = format!(
+            "{}/../../tests/detection/{file}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            let labelled: serde_json::Value = serde_json::from_str(line).unwrap();
+            for message in labelled["messages"].as_array().unwrap() {
+                let prepared = normalize(message["content"].as_str().unwrap_or_default());
+                let digits = crate::must_hold::count(&prepared);
+                for rule in detector
+                    .rules
+                    .iter()
+                    .filter(|r| r.pattern.is_match(&prepared))
+                {
+                    assert!(
+                        digits >= rule.min_digits,
+                        "{} (floor {}) matches {prepared:?} with {digits} digits",
+                        rule.kind,
+                        rule.min_digits
+                    );
+                    if rule.context_anywhere && matches(rule, &prepared) {
+                        let words = rule.context.as_ref().unwrap();
+                        assert!(words.is_match(&prepared), "{}: {prepared:?}", rule.kind);
+                    }
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(checked > 500, "only {checked} matches checked");
+}

@@ -390,31 +390,53 @@ async fn cloud_call(mut config: Config, requests: u32) -> anyhow::Result<()> {
     }
     // One upstream for the direct calls, one for the node's, so each
     // counts only its own connections.
-    let direct = upstream::start(INSTANT).await?;
-    let behind = upstream::start(INSTANT).await?;
+    let direct = upstream::start_on_own_thread(INSTANT).await?;
+    let behind = upstream::start_on_own_thread(INSTANT).await?;
     only_upstream(&mut config, &behind.base_url)?;
     let node = Node::start(config).await?;
     let node_url = format!("{}/v1/chat/completions", serve(&node).await?);
     let direct_url = format!("{}/chat/completions", direct.base_url);
-    let client = reqwest::Client::new();
+    // The client on one thread of its own too (see `start_on_own_thread`).
+    tokio::task::spawn_blocking(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+            .block_on(measure_cloud_call(
+                &node_url,
+                &direct_url,
+                &behind,
+                requests,
+            ))
+    })
+    .await?
+}
 
+/// The same requests straight to the upstream and through the node,
+/// alternating; what the node adds, and where its time went.
+async fn measure_cloud_call(
+    node_url: &str,
+    direct_url: &str,
+    behind: &upstream::Simulated,
+    requests: u32,
+) -> anyhow::Result<()> {
+    let client = reqwest::Client::new();
     println!(
-        "what the node adds to a cloud call: {requests} requests each way, alternating, one pooled client, loopback upstream that answers at once (1 token)"
+        "what the node adds to a cloud call: {requests} requests each way, alternating, one pooled client, loopback upstream that answers at once (1 token); the client and each upstream on a single-threaded runtime of its own"
     );
     let warm_up = 50;
     for stream in [false, true] {
         let opened_first = behind.connections.load(Ordering::Relaxed);
         for _ in 0..warm_up {
-            call(&client, &direct_url, stream).await?;
-            call(&client, &node_url, stream).await?;
+            call(&client, direct_url, stream).await?;
+            call(&client, node_url, stream).await?;
         }
         let opened_before = behind.connections.load(Ordering::Relaxed);
         let (mut d, mut n, mut steps) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..requests {
             let pick = |(first, total): (Duration, Duration)| if stream { first } else { total };
-            d.push(pick(call(&client, &direct_url, stream).await?));
+            d.push(pick(call(&client, direct_url, stream).await?));
             let (first, total, timing) =
-                send_timed(&client, &node_url, body(stream).to_string()).await?;
+                send_timed(&client, node_url, body(stream).to_string()).await?;
             n.push(pick((first, total)));
             steps.extend(timing);
         }

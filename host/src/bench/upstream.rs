@@ -71,6 +71,33 @@ pub async fn start(timing: Timing) -> anyhow::Result<Simulated> {
     })
 }
 
+/// [`start`], served by a single-threaded runtime on a thread of its own
+/// (which lives as long as the process): an upstream is another machine,
+/// so it should not share the benchmark client's runtime threads, whose
+/// wake-ups on a small machine take CPU from the node at random moments.
+pub async fn start_on_own_thread(timing: Timing) -> anyhow::Result<Simulated> {
+    let (started, simulated) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("bench-upstream".into())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(error) => {
+                    let _ = started.send(Err(error.into()));
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                let _ = started.send(start(timing).await);
+                std::future::pending::<()>().await
+            })
+        })?;
+    simulated.await?
+}
+
 async fn chat(State(upstream): State<Upstream>, body: Bytes) -> Response {
     let timing = upstream.timing;
     upstream

@@ -116,6 +116,15 @@ impl Detector {
             .iter()
             .map(|a| Regex::new(a).map_err(|e| format!("[guard] allow '{a}': {e}")))
             .collect::<Result<_, _>>()?;
+        // The skip's facts are derived from the patterns when a rule is
+        // made; a rule changed after that must have them made again.
+        debug_assert!(rules.iter().all(|r| {
+            r.min_digits == must_hold::min_digits(r.pattern.as_str())
+                && r.context_anywhere
+                    == r.context
+                        .as_ref()
+                        .is_some_and(|c| must_hold::assertion_free(c.as_str()))
+        }));
         Ok(Self {
             rules,
             allow,
@@ -195,6 +204,9 @@ impl Detector {
             if rule.min_digits > digits || found.contains(rule.kind) {
                 continue;
             }
+            // Without its words anywhere, no candidate of this rule can be
+            // confirmed: it is not searched (nor, in a text of thousands of
+            // look-alikes, reported by the candidate cap of `matches`).
             if rule.context_anywhere
                 && let Some(words) = &rule.context
                 && !words.is_match(text)

@@ -13,6 +13,10 @@
 //! and cheap (one pass counting digits; context words have a literal
 //! prefilter).
 //!
+//! The tree is parsed by `regex-syntax` with its defaults, which are the
+//! regex crate's (it is the crate's own parser, the same version in every
+//! lock file): the tree analysed is the tree that runs.
+//!
 //! Exact because both are necessary conditions. The digit count is a
 //! lower bound: a class counts as a digit only when every character it
 //! holds is one (`[0-9]`, not `[0-9a-f]` nor Unicode `\d`), an alternation
@@ -98,6 +102,12 @@ mod tests {
         assert_eq!(min_digits(r"\d{5}"), 0, "Unicode \\d is not only ASCII");
         assert_eq!(min_digits(r"(?-u:\d){5}"), 5);
         assert_eq!(min_digits(r"(?i)password"), 0);
+        assert_eq!(min_digits(r"(?i)1"), 1);
+        assert_eq!(min_digits(r"[[:digit:]]{3}"), 3);
+        assert_eq!(min_digits(r"(?-u:[0-9]){2}"), 2);
+        assert_eq!(min_digits(r"[0-9&&\d]{4}"), 4);
+        assert_eq!(min_digits(r"(1|)x"), 0);
+        assert_eq!(min_digits(r"1{0}x"), 0);
         // Optional and unbounded parts.
         assert_eq!(min_digits(r"[0-9]?[0-9]*[0-9]+"), 1);
         // Does not parse: always searched.

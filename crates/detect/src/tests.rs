@@ -671,6 +671,18 @@ fn no_rule_that_matches_a_text_is_skipped_for_it() {
                         rule.kind,
                         rule.min_digits
                     );
+                    // Each match by itself, not only the whole text: a
+                    // floor too high could hide under a text's other digits.
+                    for found in rule.pattern.find_iter(&prepared) {
+                        let held = crate::must_hold::count(found.as_str());
+                        assert!(
+                            held >= rule.min_digits,
+                            "{} (floor {}) matched {:?}",
+                            rule.kind,
+                            rule.min_digits,
+                            found.as_str()
+                        );
+                    }
                     if rule.context_anywhere && matches(rule, &prepared) {
                         let words = rule.context.as_ref().unwrap();
                         assert!(words.is_match(&prepared), "{}: {prepared:?}", rule.kind);
@@ -681,4 +693,29 @@ fn no_rule_that_matches_a_text_is_skipped_for_it() {
         }
     }
     assert!(checked > 500, "only {checked} matches checked");
+}
+
+/// A text of thousands of look-alike numbers and no context words: the
+/// rules that need the words are not searched, so their candidate cap
+/// (which reports a kind it gave up checking) no longer reports them; a
+/// rule that needs no words still fails closed at its cap.
+#[test]
+fn look_alikes_without_their_words_are_not_reported_by_the_cap() {
+    let detector = detector();
+    let rule = detector
+        .rules
+        .iter()
+        .find(|r| r.kind == "nhs-number")
+        .expect("the NHS number rule");
+    assert!(rule.context_anywhere);
+    // Ten digits each, every one failing the mod-11 check ("0000000001").
+    let numbers = "order 0000000001 shipped; ".repeat(5000);
+    assert!(
+        matches(rule, &numbers),
+        "without the skip, the cap reports it"
+    );
+    let found = detector.scan([numbers.as_str()]);
+    assert!(!found.contains(&"nhs-number"), "{found:?}");
+    let named = format!("NHS patient list: {numbers}");
+    assert!(detector.scan([named.as_str()]).contains(&"nhs-number"));
 }

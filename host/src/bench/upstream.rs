@@ -91,8 +91,12 @@ pub async fn start_on_own_thread(timing: Timing) -> anyhow::Result<Simulated> {
                 }
             };
             runtime.block_on(async move {
-                let _ = started.send(start(timing).await);
-                std::future::pending::<()>().await
+                let simulated = start(timing).await;
+                let serving = simulated.is_ok();
+                let _ = started.send(simulated);
+                if serving {
+                    std::future::pending::<()>().await
+                }
             })
         })?;
     simulated.await?

@@ -21,6 +21,7 @@ pub mod egress;
 pub mod feedback;
 pub mod fleet;
 pub mod ledger;
+pub mod log_writer;
 pub mod memo;
 pub mod metrics;
 pub mod nn;

@@ -4,6 +4,7 @@ use edgeroute::config::Config;
 use edgeroute::node::Node;
 use std::io::Write;
 use std::path::PathBuf;
+use tracing_subscriber::fmt::writer::BoxMakeWriter;
 
 /// mimalloc instead of glibc's malloc (a tenth of a cloud call's CPU
 /// was glibc's malloc and free): per-thread free lists, no arena locks.
@@ -157,17 +158,29 @@ async fn main() {
         Command::Up { .. } => "info,wasmtime_wasi_nn=off",
         _ => "warn,wasmtime_wasi_nn=off",
     };
+    // Batched by a thread of its own (log_writer.rs says why); stderr
+    // directly if that thread cannot start.
+    let (writer, flushing) = match edgeroute::log_writer::start(std::io::stderr()) {
+        Ok((batched, flushing)) => (BoxMakeWriter::new(batched), Some(flushing)),
+        Err(error) => {
+            eprintln!("edgeroute: the log writer did not start ({error}); writing each line");
+            (BoxMakeWriter::new(std::io::stderr), None)
+        }
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("EDGEROUTE_LOG")
                 .unwrap_or_else(|_| default_filter.into()),
         )
-        .with_writer(std::io::stderr)
+        .with_writer(writer)
         // Colours only on a terminal: a log file or a collector gets plain
         // `key=value` text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    if let Err(error) = run(cli).await {
+    let result = run(cli).await;
+    // What the log holds goes out before the process does.
+    drop(flushing);
+    if let Err(error) = result {
         eprintln!("edgeroute: {error:#}");
         std::process::exit(1);
     }

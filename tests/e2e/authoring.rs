@@ -197,7 +197,7 @@ fn a_c_policy_logs_into_the_node_log_with_its_id() {
         .as_str()
         .unwrap()
         .to_string();
-    let logs = node.logs();
+    let logs = node.logs_with("routed a prompt at");
     // The test config's parameter reached the C code, and its line came
     // back through `host.log`, tagged with the version.
     let configured = logs

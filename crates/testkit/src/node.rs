@@ -533,6 +533,24 @@ impl Node {
         lock(&self.logs).clone()
     }
 
+    /// [`Node::logs`] once they hold `needle`: the node writes its log in
+    /// batches (every 10 ms), so a line logged during a request may come
+    /// after its answer. Panics after 5 s without it.
+    pub fn logs_with(&self, needle: &str) -> String {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let logs = self.logs();
+            if logs.contains(needle) {
+                return logs;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the node never logged '{needle}':\n{logs}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// The upstream API key the node was given through [`API_KEY_ENV`].
     pub fn api_key(&self) -> &str {
         &self.api_key

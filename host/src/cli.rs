@@ -267,16 +267,29 @@ fn load(path: Option<&std::path::Path>) -> anyhow::Result<Config> {
 }
 
 /// The last line of `check` and `test`: every check or case is either
-/// passed or failed, and a failure exits with status 1.
+/// passed or failed, and a failure is [`Failed`] (exit status 1).
 fn tally(passed: usize, failed: usize) -> anyhow::Result<()> {
     use std::io::Write;
     println!("{passed} passed, {failed} failed");
     std::io::stdout().flush()?;
     if failed > 0 {
-        std::process::exit(1);
+        return Err(Failed.into());
     }
     Ok(())
 }
+
+/// Checks or cases failed, as the tally printed: `main` exits with status
+/// 1 without another message (after the log is written out).
+#[derive(Debug)]
+pub struct Failed;
+
+impl std::fmt::Display for Failed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("failed")
+    }
+}
+
+impl std::error::Error for Failed {}
 
 async fn test(file: PathBuf, cases: PathBuf, config: Config) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&cases)

@@ -181,7 +181,10 @@ async fn main() {
     // What the log holds goes out before the process does.
     drop(flushing);
     if let Err(error) = result {
-        eprintln!("edgeroute: {error:#}");
+        // A tally of failed checks said it already.
+        if error.downcast_ref::<edgeroute::cli::Failed>().is_none() {
+            eprintln!("edgeroute: {error:#}");
+        }
         std::process::exit(1);
     }
 }

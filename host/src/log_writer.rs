@@ -233,12 +233,25 @@ mod tests {
         all
     }
 
-    #[test]
-    fn lines_reach_the_sink_whole_and_in_order() {
+    /// A writer to a sink that never stalls, and what the sink receives.
+    fn started() -> (Batched, Flushing, mpsc::Receiver<Vec<u8>>) {
         let (tx, rx) = mpsc::channel();
         let held = Arc::new(Mutex::new(()));
         let writing = None;
-        let (writer, _flushing) = start(Sink { tx, held, writing }).unwrap();
+        let (writer, flushing) = start(Sink { tx, held, writing }).unwrap();
+        (writer, flushing, rx)
+    }
+
+    /// What the sink has received so far, without waiting.
+    fn written(rx: &mpsc::Receiver<Vec<u8>>) -> String {
+        rx.try_iter()
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn lines_reach_the_sink_whole_and_in_order() {
+        let (writer, _flushing, rx) = started();
         for i in 0..100 {
             log(&writer, &format!("line {i}\n"));
         }
@@ -291,32 +304,20 @@ mod tests {
 
     #[test]
     fn a_line_after_the_end_is_written_directly() {
-        let (tx, rx) = mpsc::channel();
-        let held = Arc::new(Mutex::new(()));
-        let writing = None;
-        let (writer, flushing) = start(Sink { tx, held, writing }).unwrap();
+        let (writer, flushing, rx) = started();
         drop(flushing);
         log(&writer, "late\n");
-        let all: String = rx
-            .try_iter()
-            .map(|b| String::from_utf8_lossy(&b).into_owned())
-            .collect();
+        let all = written(&rx);
         assert!(all.contains("late"), "{all}");
     }
 
     #[test]
     fn dropping_the_guard_writes_what_is_left() {
-        let (tx, rx) = mpsc::channel();
-        let held = Arc::new(Mutex::new(()));
-        let writing = None;
-        let (writer, flushing) = start(Sink { tx, held, writing }).unwrap();
+        let (writer, flushing, rx) = started();
         log(&writer, "the last words\n");
         drop(flushing);
         // Already written when the drop returned: no waiting here.
-        let all: String = rx
-            .try_iter()
-            .map(|b| String::from_utf8_lossy(&b).into_owned())
-            .collect();
+        let all = written(&rx);
         assert!(all.contains("the last words"), "{all}");
     }
 }

@@ -953,6 +953,22 @@ fn what_people_paste_stays_local_and_the_reason_says_what_was_found() {
                 "Escribe un recordatorio: devolver la llamada al 612 48 93 07.",
             ),
         ),
+        // Rules that need their words before the value (detection skips
+        // them for a text without those words anywhere, or too few digits).
+        (
+            "nhs-number",
+            pasted(
+                "canary-nhs",
+                "My NHS number is 999 143 6111. How do I register with a new GP?",
+            ),
+        ),
+        (
+            "passport",
+            pasted(
+                "canary-passport",
+                "My passport number is 172149141; do I need a visa for Japan?",
+            ),
+        ),
     ];
     let mut canaries = Vec::new();
     for (kind, messages) in cases {

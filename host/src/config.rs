@@ -511,6 +511,10 @@ pub struct Limits {
     pub body_read_timeout_ms: u64,
     /// On SIGTERM, requests in flight get this long to finish.
     pub shutdown_grace_ms: u64,
+    /// After a request starts or ends, a connection thread with nothing
+    /// to do polls this long before it sleeps (0: sleeps at once); see
+    /// `serve/idle_poll.rs`.
+    pub idle_poll_us: u64,
 }
 
 impl Default for Limits {
@@ -524,6 +528,7 @@ impl Default for Limits {
             header_read_timeout_ms: 10_000,
             body_read_timeout_ms: 30_000,
             shutdown_grace_ms: 10_000,
+            idle_poll_us: 500,
         }
     }
 }

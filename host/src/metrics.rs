@@ -478,6 +478,14 @@ fn live(registry: &mut Registry, node: &Node) {
         node.cloud.overflowed(),
     );
 
+    // The process's, not the node's: connection threads serve whichever
+    // node listens on them.
+    registry.register(
+        "idle_poll_seconds",
+        "CPU time connection threads spent polling for work before sleeping ([limits] idle_poll_us)",
+        ConstCounter::new(crate::serve::idle_poll::polled().as_secs_f64()),
+    );
+
     let totals = node.ledger.totals();
     registry.register(
         "cloud_spend_usd",

@@ -233,6 +233,10 @@ fn metrics_and_the_audit_log_account_for_every_request_of_a_burst() {
         "every request asked the policy once"
     );
     assert_eq!(sample(&m, "edgeroute_egress_allowed_total", &[]), 1.0);
+    assert!(
+        sample(&m, "edgeroute_idle_poll_seconds_total", &[]) > 0.0,
+        "connection threads polled after these requests ([limits] idle_poll_us): {text}"
+    );
     assert_eq!(
         sample(&m, "edgeroute_cloud_fetch_unpooled_total", &[]),
         0.0,

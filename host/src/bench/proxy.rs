@@ -172,6 +172,14 @@ pub(super) fn serve_on(
 
 pub async fn run(config: Config, requests: u32) -> anyhow::Result<()> {
     cloud_call(config.clone(), requests).await?;
+    // The same with the connection threads sleeping at once: what polling
+    // before sleeping buys, in this run.
+    let mut sleeping = config.clone();
+    sleeping.limits.idle_poll_us = 0;
+    if config.limits.idle_poll_us > 0 {
+        println!("  the same with [limits] idle_poll_us = 0 (connection threads sleep at once):");
+        cloud_call(sleeping, requests).await?;
+    }
     fetcher_instances(requests).await?;
     peer_hop(config, requests).await
 }
@@ -431,6 +439,7 @@ async fn measure_cloud_call(
             call(&client, node_url, stream).await?;
         }
         let opened_before = behind.connections.load(Ordering::Relaxed);
+        let polled_before = crate::serve::idle_poll::polled();
         let (mut d, mut n, mut steps) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..requests {
             let pick = |(first, total): (Duration, Duration)| if stream { first } else { total };
@@ -440,6 +449,7 @@ async fn measure_cloud_call(
             n.push(pick((first, total)));
             steps.extend(timing);
         }
+        let polled = crate::serve::idle_poll::polled() - polled_before;
         let opened = behind.connections.load(Ordering::Relaxed) - opened_before;
         let opened_all = behind.connections.load(Ordering::Relaxed) - opened_first;
         let what = if stream {
@@ -457,6 +467,10 @@ async fn measure_cloud_call(
         println!(
             "    connections the node opened to the upstream: {opened} during the {requests} measured requests ({:.1} per 1,000), {opened_all} counting the {warm_up} warm-up ones",
             opened as f64 * 1000.0 / requests as f64
+        );
+        println!(
+            "    CPU the node's connection threads spent polling before sleeping: {:.0} µs per request",
+            polled.as_secs_f64() * 1e6 / requests as f64
         );
         report_steps("the node's", &steps);
     }

@@ -19,6 +19,7 @@
 //! Accepted sockets get `TCP_NODELAY`: the first SSE chunk must not wait
 //! for a delayed ACK.
 
+pub mod idle_poll;
 mod threads;
 
 use axum::Router;
@@ -40,6 +41,8 @@ pub struct ServeLimits {
     pub max_connections: usize,
     pub header_read_timeout: Duration,
     pub shutdown_grace: Duration,
+    /// How long a connection thread polls before it sleeps.
+    pub idle_poll: Duration,
 }
 
 impl From<&crate::config::Limits> for ServeLimits {
@@ -48,6 +51,7 @@ impl From<&crate::config::Limits> for ServeLimits {
             max_connections: limits.max_connections,
             header_read_timeout: Duration::from_millis(limits.header_read_timeout_ms),
             shutdown_grace: Duration::from_millis(limits.shutdown_grace_ms),
+            idle_poll: Duration::from_micros(limits.idle_poll_us),
         }
     }
 }
@@ -91,7 +95,7 @@ pub async fn serve(
     let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let open = Arc::new(Open::default());
     let graceful = GracefulShutdown::new();
-    let threads = threads::ConnectionThreads::per_core()?;
+    let threads = threads::ConnectionThreads::per_core(limits.idle_poll)?;
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         let tcp = tokio::select! {
@@ -273,6 +277,7 @@ struct Busy {
 impl Busy {
     fn start(open: Arc<Open>, connection: Arc<Connection>) -> Self {
         connection.busy.fetch_add(1, Ordering::AcqRel);
+        idle_poll::activity();
         Self { open, connection }
     }
 }
@@ -283,6 +288,9 @@ impl Drop for Busy {
             .idle_since
             .store(self.open.now(), Ordering::Relaxed);
         self.connection.busy.fetch_sub(1, Ordering::AcqRel);
+        // The client's next request, or the next hand-off, often follows
+        // within microseconds.
+        idle_poll::activity();
     }
 }
 

@@ -17,6 +17,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 use tokio::sync::mpsc;
 
 /// Something to run on a connection thread, inside its runtime: what it
@@ -43,21 +44,24 @@ impl Drop for OnThread {
 }
 
 impl ConnectionThreads {
-    /// `count` threads (at least one), named `edgeroute-conn-N`. They end
-    /// when this is dropped, and with them every connection still open on
-    /// them.
-    pub fn start(count: usize) -> std::io::Result<Self> {
+    /// `count` threads (at least one), named `edgeroute-conn-N`, each
+    /// polling for `idle_poll` after a request starts or ends before it
+    /// sleeps (`idle_poll.rs`). They end when this is dropped, and with
+    /// them every connection still open on them.
+    pub fn start(count: usize, idle_poll: Duration) -> std::io::Result<Self> {
         let mut threads = Vec::with_capacity(count.max(1));
         for i in 0..count.max(1) {
             let (jobs, mut received) = mpsc::unbounded_channel::<Job>();
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
+                .on_thread_park(move || super::idle_poll::before_sleeping(idle_poll))
                 .thread_name(format!("edgeroute-conn-{i}-blocking"))
                 .build()?;
             std::thread::Builder::new()
                 .name(format!("edgeroute-conn-{i}"))
                 .spawn(move || {
                     runtime.block_on(async move {
+                        tokio::spawn(super::idle_poll::poller());
                         while let Some(job) = received.recv().await {
                             // A connection that fails to start must not
                             // take the thread, and its others, with it.
@@ -81,8 +85,9 @@ impl ConnectionThreads {
     }
 
     /// One thread a core the process may use.
-    pub fn per_core() -> std::io::Result<Self> {
-        Self::start(std::thread::available_parallelism().map_or(1, |n| n.get()))
+    pub fn per_core(idle_poll: Duration) -> std::io::Result<Self> {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self::start(cores, idle_poll)
     }
 
     /// Run `connection` on the thread with the fewest connections open,
@@ -111,7 +116,7 @@ mod tests {
     /// closed one makes room on its thread again.
     #[test]
     fn connections_go_to_the_least_busy_thread() {
-        let threads = ConnectionThreads::start(2).unwrap();
+        let threads = ConnectionThreads::start(2, Duration::ZERO).unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         let open = |tx: std::sync::mpsc::Sender<(String, OnThread)>| {
             move |on: OnThread| {

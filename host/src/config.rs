@@ -517,6 +517,9 @@ pub struct Limits {
     pub idle_poll_us: u64,
 }
 
+/// The longest `[limits] idle_poll_us` accepted: 10 ms.
+pub const MAX_IDLE_POLL_US: u64 = 10_000;
+
 impl Default for Limits {
     fn default() -> Self {
         Self {
@@ -604,6 +607,14 @@ impl Config {
         }
         if self.local.threads == 0 {
             bail!("local.threads must be at least 1");
+        }
+        // Polling is for hand-offs microseconds apart; a longer window
+        // only burns CPU.
+        if self.limits.idle_poll_us > MAX_IDLE_POLL_US {
+            bail!(
+                "limits.idle_poll_us ({}) must be at most {MAX_IDLE_POLL_US} (0 turns polling off)",
+                self.limits.idle_poll_us
+            );
         }
         if let Some(pace) = &self.local.test_backend {
             let good = |x: f64| x.is_finite() && x > 0.0;
@@ -713,6 +724,19 @@ mod tests {
         assert!(!config.guard.may_leave(Sensitivity::Internal));
         assert!(!config.guard.may_leave(Sensitivity::Restricted));
         assert!(!Config::default().guard.may_leave(Sensitivity::Restricted));
+    }
+
+    #[test]
+    fn idle_polling_is_bounded() {
+        let poll =
+            |us: u64| Config::parse(&format!("[limits]\nidle_poll_us = {us}\n"), Path::new("."));
+        assert_eq!(poll(0).unwrap().limits.idle_poll_us, 0);
+        assert_eq!(
+            poll(MAX_IDLE_POLL_US).unwrap().limits.idle_poll_us,
+            MAX_IDLE_POLL_US
+        );
+        let error = format!("{:#}", poll(MAX_IDLE_POLL_US + 1).unwrap_err());
+        assert!(error.contains("limits.idle_poll_us"), "{error}");
     }
 
     #[test]

@@ -482,7 +482,7 @@ fn live(registry: &mut Registry, node: &Node) {
     // node listens on them.
     registry.register(
         "idle_poll_seconds",
-        "CPU time connection threads spent polling for work before sleeping ([limits] idle_poll_us)",
+        "Time connection threads spent in polling rounds before sleeping, not counting the work found or what ran while a round yielded the core ([limits] idle_poll_us)",
         ConstCounter::new(crate::serve::idle_poll::polled().as_secs_f64()),
     );
 

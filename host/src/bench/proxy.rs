@@ -469,7 +469,7 @@ async fn measure_cloud_call(
             opened as f64 * 1000.0 / requests as f64
         );
         println!(
-            "    CPU the node's connection threads spent polling before sleeping: {:.0} µs per request",
+            "    the node's connection threads polled (rounds' own time) {:.0} µs per request",
             polled.as_secs_f64() * 1e6 / requests as f64
         );
         report_steps("the node's", &steps);

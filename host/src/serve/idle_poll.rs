@@ -27,7 +27,9 @@ use std::time::{Duration, Instant};
 /// Nanoseconds every connection thread of the process spent polling.
 static POLLED_NS: AtomicU64 = AtomicU64::new(0);
 
-/// The time connection threads have spent polling for work, process-wide.
+/// The time connection threads have spent polling for work, process-wide:
+/// the polling rounds' own time, not the work they found nor what other
+/// threads ran while a round yielded the core.
 pub fn polled() -> Duration {
     Duration::from_nanos(POLLED_NS.load(Ordering::Relaxed))
 }
@@ -41,9 +43,17 @@ struct Window {
     seen: Cell<u64>,
     /// Polling until then.
     until: Cell<Option<Instant>>,
-    /// The previous poll's instant, to count the time spent.
-    last_poll: Cell<Option<Instant>>,
-    /// Nanoseconds this thread spent polling.
+    /// When the current polling round's own time started, if one is on:
+    /// set before the round's `sched_yield` returns, read when the
+    /// runtime comes back from its non-blocking look at the driver.
+    round: Cell<Option<Instant>>,
+    /// Polling rounds ended on this thread.
+    rounds: Cell<u64>,
+    /// Nanoseconds this thread spent polling, not yet added to
+    /// `POLLED_NS` (added when the thread next sleeps, so that polling
+    /// threads do not share a counter's cache line every round).
+    unpublished: Cell<u64>,
+    /// Nanoseconds this thread spent polling, in all.
     spent: Cell<u64>,
 }
 
@@ -54,17 +64,27 @@ impl Window {
     fn poll_instead(&self, now: Instant, length: Duration) -> bool {
         let activity = self.activity.get();
         if self.seen.replace(activity) != activity {
-            self.until.set(Some(now + length));
+            // A bound on `length` is checked with the config; an overflow
+            // here would only mean no polling.
+            self.until.set(now.checked_add(length));
         }
         let polling = self.until.get().is_some_and(|until| now < until);
-        let previous = self.last_poll.replace(polling.then_some(now));
-        if let Some(previous) = previous {
-            // Only the rounds spent polling, not the sleeps between windows.
-            let spent = now.saturating_duration_since(previous).as_nanos() as u64;
-            self.spent.set(self.spent.get() + spent);
-            POLLED_NS.fetch_add(spent, Ordering::Relaxed);
+        if !polling {
+            self.publish();
         }
         polling
+    }
+
+    fn add(&self, nanos: u64) {
+        self.spent.set(self.spent.get() + nanos);
+        self.unpublished.set(self.unpublished.get() + nanos);
+    }
+
+    fn publish(&self) {
+        let nanos = self.unpublished.replace(0);
+        if nanos > 0 {
+            POLLED_NS.fetch_add(nanos, Ordering::Relaxed);
+        }
     }
 }
 
@@ -82,25 +102,54 @@ pub fn activity() {
 
 /// The runtime's `on_thread_park` hook. Inside the window it wakes the
 /// thread's [`poller`], which makes tokio look at its sockets and timers
-/// without blocking and come back here, rather than sleep.
+/// without blocking (tokio ≥ 1.54.1) and come back here, rather than
+/// sleep.
 pub fn before_sleeping(length: Duration) {
     if length.is_zero() {
         return;
     }
-    if WINDOW.with(|w| w.poll_instead(Instant::now(), length)) {
-        // Any other thread that wants this core goes first.
+    let started = Instant::now();
+    WINDOW.with(|w| {
+        if !w.poll_instead(started, length) {
+            return;
+        }
+        let woken = POLLER.with(|p| p.borrow().as_ref().map(Waker::wake_by_ref).is_some());
+        if !woken {
+            // No poller on this thread: the runtime will sleep.
+            return;
+        }
+        // Offer the core to any other runnable thread (local inference,
+        // an upstream on the same host); what runs meanwhile is not
+        // counted as polling.
+        let yielding = Instant::now();
         std::thread::yield_now();
-        POLLER.with(|p| {
-            if let Some(waker) = p.borrow().as_ref() {
-                waker.wake_by_ref();
-            }
-        });
-    }
+        w.add(yielding.duration_since(started).as_nanos() as u64);
+        w.round.set(Some(Instant::now()));
+    });
+}
+
+/// The runtime's `on_thread_unpark` hook: a polling round ends.
+pub fn after_waking() {
+    WINDOW.with(|w| {
+        if let Some(round) = w.round.take() {
+            w.add(round.elapsed().as_nanos() as u64);
+            w.rounds.set(w.rounds.get() + 1);
+        }
+    });
 }
 
 /// A task that does nothing when woken: waking it is what keeps the thread
-/// from blocking. Spawned once on each connection thread.
+/// from blocking. Spawned once on each connection thread; when it is
+/// dropped (its runtime ends), the thread has no poller again.
 pub async fn poller() {
+    struct Forget;
+    impl Drop for Forget {
+        fn drop(&mut self) {
+            // The thread may be ending: its locals may be gone already.
+            let _ = POLLER.try_with(|p| p.borrow_mut().take());
+        }
+    }
+    let _forget = Forget;
     std::future::poll_fn(|cx| {
         POLLER.with(|p| {
             let mut p = p.borrow_mut();
@@ -111,6 +160,12 @@ pub async fn poller() {
         Poll::<()>::Pending
     })
     .await
+}
+
+/// This thread's polling so far: rounds ended and time spent (tests).
+#[cfg(test)]
+pub fn on_this_thread() -> (u64, Duration) {
+    WINDOW.with(|w| (w.rounds.get(), Duration::from_nanos(w.spent.get())))
 }
 
 #[cfg(test)]
@@ -144,36 +199,78 @@ mod tests {
         assert!(!window.poll_instead(t0 + W * 2, W));
     }
 
-    /// On a real runtime: after a request's mark the thread polls (the
-    /// counted time grows), once the window is past it sleeps (it stops
-    /// growing), and with no mark it never polls.
     #[test]
-    fn a_thread_polls_for_its_window_then_sleeps() {
-        let window = Duration::from_millis(5);
+    fn a_window_too_long_to_represent_polls_not_at_all() {
+        let window = Window::default();
+        window.activity.set(1);
+        assert!(!window.poll_instead(Instant::now(), Duration::MAX));
+    }
+
+    /// A runtime as a connection thread's: both hooks and the poller.
+    fn runtime(window: Duration) -> tokio::runtime::Runtime {
         let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
+            .enable_time()
             .on_thread_park(move || before_sleeping(window))
+            .on_thread_unpark(after_waking)
             .build()
             .unwrap();
-        // This thread's own count: other tests' threads poll too.
-        let spent = || Duration::from_nanos(WINDOW.with(|w| w.spent.get()));
-        let sleep =
-            || runtime.block_on(async { tokio::time::sleep(Duration::from_millis(20)).await });
         runtime.spawn(poller());
-        sleep();
-        let idle = spent();
+        runtime
+    }
+
+    /// On a real runtime: without a request the thread sleeps through a
+    /// timer; after one it keeps turning (many rounds) and still fires
+    /// its timers on time, which it could not if the rounds skipped the
+    /// driver; once the window is past it sleeps again.
+    #[test]
+    fn a_thread_polls_for_its_window_then_sleeps() {
+        let window = Duration::from_millis(200);
+        let runtime = runtime(window);
+        let sleep = |ms| {
+            runtime.block_on(async move {
+                let start = Instant::now();
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                start.elapsed()
+            })
+        };
+        let (rounds, _) = on_this_thread();
+        sleep(20);
+        assert_eq!(on_this_thread().0, rounds, "no request yet: no polling");
+
         activity();
-        sleep();
-        let after_activity = spent() - idle;
-        sleep();
-        let after_window = spent() - idle - after_activity;
-        assert_eq!(idle, Duration::ZERO, "no request yet: never polls");
+        let (rounds, spent) = on_this_thread();
+        let took = sleep(10);
+        let (polled_rounds, polled) = (on_this_thread().0 - rounds, on_this_thread().1 - spent);
+        assert!(polled_rounds >= 10, "{polled_rounds} rounds in {took:?}");
         assert!(
-            after_activity >= Duration::from_millis(4)
-                && after_activity < Duration::from_millis(20),
-            "{after_activity:?}"
+            polled > Duration::ZERO && polled <= took,
+            "{polled:?} of {took:?}"
         );
-        assert_eq!(after_window, Duration::ZERO, "the window has closed");
-        assert!(polled() >= after_activity, "counted for /metrics too");
+        // A 10 ms timer that waited for the window's end would show it.
+        assert!(took < window / 2, "{took:?}");
+        assert!(process_count_includes_this_thread(), "counted for /metrics");
+
+        // Past the window (no request since): sleeping again.
+        sleep(window.as_millis() as u64 + 50);
+        let (rounds, _) = on_this_thread();
+        sleep(20);
+        assert_eq!(on_this_thread().0, rounds, "the window has closed");
+    }
+
+    /// What this thread published is in the process's count.
+    fn process_count_includes_this_thread() -> bool {
+        WINDOW.with(|w| {
+            w.publish();
+            polled() >= Duration::from_nanos(w.spent.get())
+        })
+    }
+
+    #[test]
+    fn a_window_of_zero_never_polls() {
+        let runtime = runtime(Duration::ZERO);
+        activity();
+        let (rounds, _) = on_this_thread();
+        runtime.block_on(async { tokio::time::sleep(Duration::from_millis(5)).await });
+        assert_eq!(on_this_thread().0, rounds);
     }
 }

@@ -52,9 +52,14 @@ impl ConnectionThreads {
         let mut threads = Vec::with_capacity(count.max(1));
         for i in 0..count.max(1) {
             let (jobs, mut received) = mpsc::unbounded_channel::<Job>();
+            // Sockets and timers only: no process or signal driver to
+            // check at every turn (the node's signals are the main
+            // runtime's).
             let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
+                .enable_io()
+                .enable_time()
                 .on_thread_park(move || super::idle_poll::before_sleeping(idle_poll))
+                .on_thread_unpark(super::idle_poll::after_waking)
                 .thread_name(format!("edgeroute-conn-{i}-blocking"))
                 .build()?;
             std::thread::Builder::new()
@@ -138,5 +143,30 @@ mod tests {
         let (next, _next_on) = rx.recv().unwrap();
         assert_eq!(next, second, "the thread whose connection closed");
         drop(first);
+    }
+
+    /// Polling rounds a connection thread makes over 10 ms after a
+    /// request's mark, with windows of `window`.
+    fn rounds_after_a_request(window: Duration) -> u64 {
+        let threads = ConnectionThreads::start(1, window).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        threads.run(move |_on| {
+            super::super::idle_poll::activity();
+            tokio::spawn(async move {
+                let (before, _) = super::super::idle_poll::on_this_thread();
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                let (after, _) = super::super::idle_poll::on_this_thread();
+                tx.send(after - before).unwrap();
+            });
+        });
+        rx.recv().unwrap()
+    }
+
+    /// The threads install the polling hooks and their poller.
+    #[test]
+    fn connection_threads_poll_after_a_request_when_asked_to() {
+        let polled = rounds_after_a_request(Duration::from_millis(100));
+        assert!(polled >= 10, "{polled} rounds");
+        assert_eq!(rounds_after_a_request(Duration::ZERO), 0);
     }
 }

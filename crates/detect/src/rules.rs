@@ -197,13 +197,14 @@ pub fn builtin() -> Vec<Rule> {
         // apart), British (07700 900123, the space after the prefix),
         // Japanese (090-1234-5678), Spanish (612 48 93 07), German (0151
         // 2345 6789), Dutch (06-12345678), Brazilian ((11) 91234-5678),
-        // Chinese spaced 3-4-4 (138 0013 8000), Indian 5-5 (98765 43210).
+        // Chinese spaced 3-4-4 (138 0013 8000), Indian 5-5 (98765 43210),
+        // Korean (010-1234-5678), Turkish (0532 123 45 67).
         // Written solid they are order numbers as often as phones, so the
         // separators are required. One pattern: one search of the text.
         rule(
             "phone",
             &bounded(
-                r"0[67](?:[ .\-]\d{2}){4}|07\d{3} \d{6}|0[789]0-\d{4}-\d{4}|[67]\d{2} \d{2} \d{2} \d{2}|01[5-7]\d{1,2} \d{3,4} \d{3,4}|06-\d{8}|\(\d{2}\) ?9?\d{4}-\d{4}|1[3-9]\d[ \-]\d{4}[ \-]\d{4}|[6-9]\d{4} \d{5}",
+                r"0[67](?:[ .\-]\d{2}){4}|07\d{3} \d{6}|0[789]0-\d{4}-\d{4}|[67]\d{2} \d{2} \d{2} \d{2}|01[5-7]\d{1,2} \d{3,4} \d{3,4}|06-\d{8}|\(\d{2}\) ?9?\d{4}-\d{4}|1[3-9]\d[ \-]\d{4}[ \-]\d{4}|[6-9]\d{4} \d{5}|01[016-9]-\d{3,4}-\d{4}|05\d{2} \d{3} \d{2} \d{2}",
             ),
             None,
         ),
@@ -265,6 +266,38 @@ pub fn builtin() -> Vec<Rule> {
                 None,
             ),
             r"\bco\.?\s|county|ireland|éire|eircode",
+        ),
+        // A line that ends in a house number, then one that starts with
+        // a five-digit postcode and a capitalised town: "Am Mühlbach
+        // 3a\n83022 Rosenheim" (German, French, Spanish, Italian, Turkish,
+        // Finnish postcodes). On one line, "sold 7, 10000 Units" is not.
+        rule(
+            "postal-address",
+            r"\b\d{1,4}[a-zA-Z]?[ \t]*\n\s*(?:[A-Z]-)?\d{5}\s\p{Lu}\p{Ll}+",
+            None,
+        ),
+        // A Polish street (ul. Marszałkowska 115 m. 24), a Turkish one
+        // (Atatürk Cad. No:58), an Arab street, road or district before a
+        // five-digit postcode, an Indian flat, plot or sector before a PIN.
+        rule(
+            "postal-address",
+            r"\bul\.\s{0,2}\p{Lu}[\p{L}\-]+(?:\s\p{Lu}[\p{L}\-]+){0,3}\s\d{1,4}[a-z]?\b",
+            None,
+        ),
+        rule(
+            "postal-address",
+            r"(?i)\b(?:cad(?:desi)?|sok(?:ak|ağı)?|sk|bulvarı|blv|mah(?:allesi)?)\.?\s{0,3}no\s?:\s?\d{1,5}",
+            None,
+        ),
+        rule(
+            "postal-address",
+            r"(?:شارع|طريق|حي)\s[^\n]{1,60}?\b\d{5}\b",
+            None,
+        ),
+        rule(
+            "postal-address",
+            r"(?i)\b(?:flat|plot|sector)\s?(?:no\.?\s?)?\d{1,5}\b[^\n]{0,80}?\b\d{3}\s?\d{3}\b",
+            None,
         ),
         // Japanese: the postal mark and its 7 digits, or a block number
         // (丁目); Korean: a district (구) and then a road (로, 길) and its
@@ -375,7 +408,7 @@ pub fn builtin() -> Vec<Rule> {
         // characters" is a rule about passwords, not one.
         rule(
             "password",
-            r#"(?i)(?:password|passwd|pwd|passwort|kennwort|mot de passe|contraseña|senha|wachtwoord|密码|口令|पासवर्ड)\s*["']?\s*[=:：]\s*["']?([^\s"',;]{4,256}(?:[ \t]+[^\s"',;]{1,64})?)"#,
+            r#"(?i)(?:password|passwd|pwd|passwort|kennwort|mot de passe|contraseña|senha|wachtwoord|hasło|haslo|şifre|sifre|parola|lösenord|losenord|passord|adgangskode|heslo|salasana|密码|口令|पासवर्ड|كلمة المرور|كلمة السر)\s*["']?\s*[=:：]\s*["']?([^\s"',;]{4,256}(?:[ \t]+[^\s"',;]{1,64})?)"#,
             Some(assigned_password),
         ),
         // Every quoted literal on the rest of the line of a password's
@@ -403,8 +436,15 @@ pub fn builtin() -> Vec<Rule> {
         // symbol counts ("the password is incorrect" is not one).
         rule(
             "password",
-            r#"(?i)(?:\b(?:password|passwd|passcode|passphrase|mot de passe|passwort|kennwort|contraseña|senha|wachtwoord)|пароль|パスワード|비밀번호|密码|口令|पासवर्ड)(?:\s+(?:for|of|to|on|van|voor|del|della|dello|di|für|vom|von|du|de|des|da|do)\b(?:\s+[^\s,;:]{1,20}){1,4}?\s+(?:is|was|ist|lautet|est|es|é|è|era))?\s{0,3}(?:[:：]\s{0,3})?(?:is|was|ist|lautet|est|es|é|è|это|は|는|은|是|为)?\s{0,3}(?:now|still|set to|changed to)?\s{0,3}["'«“„]?([^\s"'»”“,;]{4,64})"#,
+            r#"(?i)(?:\b(?:password|passwd|passcode|passphrase|mot de passe|passwort|kennwort|contraseña|senha|wachtwoord|hasło|şifre|lösenord|passord|adgangskode|heslo|salasana)|пароль|パスワード|비밀번호|密码|口令|पासवर्ड|كلمة المرور|كلمة السر)(?:\s+(?:for|of|to|on|van|voor|del|della|dello|di|für|vom|von|du|de|des|da|do)\b(?:\s+[^\s,;:]{1,20}){1,4}?\s+(?:is|was|ist|lautet|est|es|é|è|era))?\s{0,3}(?:[:：]\s{0,3})?(?:is|was|ist|lautet|est|es|é|è|это|は|는|은|是|为)?\s{0,3}(?:now|still|set to|changed to)?\s{0,3}["'«“„]?([^\s"'»”“,;]{4,64})"#,
             Some(said_password),
+        ),
+        // A user and password on a command line: `curl -u deploy:S3cret`,
+        // `--user name:pw` (curl, wget, httpie).
+        rule(
+            "password",
+            r#"(?:^|\s)(?:-u|--user|--http-user)[ =]["']?[^\s:"'$]{1,64}:([^\s"'@]{3,256})"#,
+            Some(user_password),
         ),
         rule(
             "secret",
@@ -513,13 +553,15 @@ fn not_a_date(s: &str) -> bool {
 /// one hyphenated word ("is case-sensitive"; a passphrase of more words,
 /// "correct-horse-battery-staple", still counts).
 fn said_password(s: &str) -> bool {
-    let s = s.trim_end_matches(['.', '!', '?', ')']);
+    // "password hashing:" names a topic; a value is not followed by a colon.
+    let s = s.trim_end_matches(['.', '!', '?', ')', ':']);
     s.chars().count() >= 4
         && s.chars().next().is_some_and(char::is_alphanumeric)
         && s.chars()
             .any(|c| c.is_ascii_digit() || c.is_ascii_punctuation())
         && !compound_word(s)
         && !length_range(s)
+        && !config_reference(s)
         && not_placeholder(s)
 }
 
@@ -569,6 +611,32 @@ fn code_reference(value: &str) -> bool {
     let opens = rest.starts_with(['(', '[']);
     (is_name && opens && (name.contains('.') || rest.len() == 1))
         || value.starts_with("process.env.")
+        || config_reference(value)
+}
+
+/// A setting read from the configuration rather than written in it:
+/// Terraform's `var.db_password`, `settings.DB_PASSWORD`, `config.db.pw`
+/// — a dotted name, without digits, under a namespace code reads
+/// settings from.
+fn config_reference(value: &str) -> bool {
+    const NAMESPACES: &[&str] = &[
+        "var", "local", "data", "module", "each", "self", "config", "settings", "secrets", "env",
+        "vars", "params", "props", "this", "ctx", "args", "opts", "options", "cfg", "conf",
+    ];
+    let value = value.trim_end_matches([',', ';']);
+    value.split_once('.').is_some_and(|(head, rest)| {
+        NAMESPACES.contains(&head)
+            && !rest.is_empty()
+            && rest.split('.').all(|part| {
+                !part.is_empty() && part.chars().all(|c| c.is_ascii_alphabetic() || c == '_')
+            })
+    })
+}
+
+/// The password of `user:password` on a command line, unless it is a
+/// variable or a placeholder.
+fn user_password(s: &str) -> bool {
+    not_placeholder(s) && !s.starts_with('$') && !code_reference(s)
 }
 
 /// Some quoted literal in the rest of a password's line is one: said
@@ -693,8 +761,9 @@ fn compound_word(s: &str) -> bool {
 /// are instructions, not secrets.
 fn not_placeholder(s: &str) -> bool {
     let lower = s.to_lowercase();
+    // A form's blank to fill in ("____", "*****", "xxxx", "-----").
     !(s.chars()
-        .all(|c| c == '*' || c == 'x' || c == 'X' || c == '.')
+        .all(|c| c == '*' || c == 'x' || c == 'X' || c == '.' || c == '_' || c == '-')
         || lower.starts_with('<')
         || lower.starts_with('{')
         || lower.starts_with('$')

@@ -719,3 +719,73 @@ fn look_alikes_without_their_words_are_not_reported_by_the_cap() {
     let named = format!("NHS patient list: {numbers}");
     assert!(detector.scan([named.as_str()]).contains(&"nhs-number"));
 }
+
+/// What a third independent writer's development set (dev2.jsonl) showed
+/// missing or wrongly found; the texts here are new, in the same shapes.
+#[test]
+fn more_languages_and_shapes_from_the_third_development_set() {
+    finds(
+        "password",
+        &[
+            "dane logowania: login anna_k, hasło: Jesien2020!",
+            "kullanıcı adı: depo1, şifre: Masa5678!",
+            "användarnamn kassa, lösenord: Björk#2211",
+            "brukernavn: post, passord: Fjell77!",
+            "curl -u builder:Qz!81buildXy https://repo.example.net/upload",
+            "wget --http-user ops:Tr4in-Yard9 https://files.example.net/a",
+        ],
+    );
+    misses(
+        "password",
+        &[
+            "password = var.db_password",
+            "password: settings.DB_PASSWORD",
+            "Usuario: ____________\nContraseña: ____________",
+            "Review my password hashing: use bcrypt with 12 rounds",
+            "curl -u $USER:$TOKEN https://repo.example.net/",
+        ],
+    );
+    finds(
+        "phone",
+        &["문자 주세요: 010-3141-5926", "Arayın: 0544 271 82 81"],
+    );
+    finds(
+        "postal-address",
+        &[
+            "Absender:\nKlaus Brandt\nIm Winkel 7b\n70173 Stuttgart",
+            "adres: ul. Piotrkowska 212 m. 5, 90-001 Łódź",
+            "Adres: Bağdat Cad. No:140 D:3, Kadıköy",
+            "العنوان: 4410 شارع التحلية، حي السليمانية، الرياض 12245",
+            "Address: Flat 12, Green Park, Sector 9, Vashi, Navi Mumbai 400703",
+        ],
+    );
+    misses(
+        "postal-address",
+        &[
+            "Chapter 3, 12345 words in all",
+            "We sold 7, 10000 Units shipped last year",
+        ],
+    );
+    finds(
+        "confidential",
+        &[
+            "POUFNE: zarząd rozważa sprzedaż spółki.",
+            "Konfidentiellt – endast för ledningsgruppen.",
+            "Strikt vertrouwelijk: de overname wordt volgende week bekend.",
+            "대외비: 내년 구조조정 계획입니다.",
+            "GİZLİ – yönetim kurulu kararı ektedir.",
+            "سري للغاية: خطة الاستحواذ على الشركة",
+            "गोपनीय: बोर्ड ने विलय को मंज़ूरी दी।",
+            "Min lön höjs till 42 000 kr i månaden från januari.",
+            "Mijn collega heeft een burn-out; de bedrijfsarts wil een plan.",
+        ],
+    );
+    misses(
+        "confidential",
+        &[
+            "Är det här företaget lönsamt?",
+            "Incognito modu gizli sekme açar mı?",
+            "गोपनीयता नीति में क्या लिखा जाता है?",
+        ],
+    );
+}

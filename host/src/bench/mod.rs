@@ -117,7 +117,7 @@ pub struct Options {
     /// tests/detection/DEV.md) and the two held-out ones
     /// (tests/detection/HELDOUT.md, HELDOUT2.md), which estimate unseen
     /// text (the second: the first's counts have been seen).
-    #[arg(long, default_values = ["tests/detection/eval.jsonl", "tests/detection/topics.jsonl", "tests/detection/dev.jsonl", "tests/detection/heldout.jsonl", "tests/detection/heldout2.jsonl"])]
+    #[arg(long, default_values = ["tests/detection/eval.jsonl", "tests/detection/topics.jsonl", "tests/detection/dev.jsonl", "tests/detection/dev2.jsonl", "tests/detection/heldout.jsonl", "tests/detection/heldout2.jsonl"])]
     pub detection_set: Vec<std::path::PathBuf>,
     /// A policy that asks for the prompt embedding (e.g. the bandit's
     /// .wasm): its route call is timed on features with an embedding.

@@ -62,6 +62,32 @@ static LEXICON: LazyLock<Lexicon> = LazyLock::new(|| {
             "内部资料",
             "仅限内部",
             "社外秘",
+            // The marking in more languages: Polish, Swedish, Danish and
+            // Norwegian, Dutch, Italian, Czech, Finnish, Russian, Korean,
+            // Japanese, Arabic, Hindi, and Turkish's "GİZLİ –" (as a
+            // heading only: "gizli" alone is also "hidden").
+            "poufn(?:e|y|a|ych)",
+            "ściśle tajne",
+            "konfidentiell(?:t|a)?",
+            "fortrolig(?:t|e)?",
+            "(?:strikt )?vertrouwelijk(?:e)?",
+            "riservata",
+            "confidenziale",
+            "důvěrné",
+            "luottamuksellinen",
+            "конфиденциально",
+            "для служебного пользования",
+            "대외비",
+            "기밀",
+            "극비",
+            "極秘",
+            "سري للغاية",
+            "سري وخاص",
+            // Not "गोपनीयता" (privacy: "गोपनीयता नीति", a privacy policy).
+            "गोपनीय(?:\\s|[:।,.]|$)",
+            "(?:çok )?(?:gizli|GİZLİ|Gizli)\\s*[:–—\\-]",
+            "kişiye özel",
+            "hizmete özel",
         ],
     );
     all.extend(terms(
@@ -114,8 +140,22 @@ static LEXICON: LazyLock<Lexicon> = LazyLock::new(|| {
             "डायबिटीज़",
             "कैंसर",
             "वेतन",
+            // Swedish pay (not "lönsam"), Dutch and English burn-out and
+            // the company doctor, Swedish sick leave, Arabic cancer, sick
+            // leave and salary, Korean salary, pay and layoffs.
+            "(?-u:\\b)lön(?:en|er|ehöjning|esamtal\\w*)?(?-u:\\b)",
+            "burn-?out",
+            "bedrijfsarts",
+            "sjukskriv\\w*",
+            "سرطان",
+            "إجازة مرضية",
+            "راتب",
+            "رواتب",
+            "연봉",
+            "급여",
+            "감원",
             // A large sum of money: with one topic word, enough.
-            "\\d{1,3}(?:[.,\\s]\\d{3})+\\s?(?:€|euros?|eur|\\$|usd|£|gbp|元)",
+            "\\d{1,3}(?:[.,\\s]\\d{3})+\\s?(?:€|euros?|eur|\\$|usd|£|gbp|元|kr|sek|nok|dkk|zł|pln|tl|₺|₹|inr|chf|ريال|円|원)",
             "\\d+(?:\\.\\d+)?万",
             // Money and employment.
             "salary",

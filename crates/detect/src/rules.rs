@@ -273,7 +273,7 @@ pub fn builtin() -> Vec<Rule> {
         // Finnish postcodes). On one line, "sold 7, 10000 Units" is not.
         rule(
             "postal-address",
-            r"\b\d{1,4}[a-zA-Z]?[ \t]*\n\s*(?:[A-Z]-)?\d{5}\s\p{Lu}\p{Ll}+",
+            r"\b\d{1,3}[a-zA-Z]?[ \t]*\n[ \t]*(?:[A-Z]-)?\d{5}[ \t]\p{Lu}\p{Ll}+(?:[ \t\-]\p{Lu}\p{Ll}+)?[ \t]*(?:\n|$)",
             None,
         ),
         // A Polish street (ul. Marszałkowska 115 m. 24), a Turkish one
@@ -281,22 +281,24 @@ pub fn builtin() -> Vec<Rule> {
         // five-digit postcode, an Indian flat, plot or sector before a PIN.
         rule(
             "postal-address",
-            r"\bul\.\s{0,2}\p{Lu}[\p{L}\-]+(?:\s\p{Lu}[\p{L}\-]+){0,3}\s\d{1,4}[a-z]?\b",
+            r"\bul\.\s{0,2}\p{Lu}[\p{L}\-]+(?:\s\p{Lu}[\p{L}\-]+)*\s\d{1,4}[a-z]?\b",
             None,
         ),
         rule(
             "postal-address",
-            r"(?i)\b(?:cad(?:desi)?|sok(?:ak|ağı)?|sk|bulvarı|blv|mah(?:allesi)?)\.?\s{0,3}no\s?:\s?\d{1,5}",
+            r"(?i)\b(?:cad\.|caddesi|sok\.|sokak|sokağı|sk\.|bulvarı|blv\.|mah\.|mahallesi)\s{0,3}no\s?:\s?\d{1,5}",
             None,
         ),
         rule(
             "postal-address",
-            r"(?:شارع|طريق|حي)\s[^\n]{1,60}?\b\d{5}\b",
+            // After a line's start, a number, a comma or a colon: "عن طريق"
+            // is "by means of", and "حي" ends other words.
+            r"(?:^|\n|[\d،,:]\s{0,3})(?:شارع|طريق|حي ال)[^\n]{1,60}?\b\d{5}\b",
             None,
         ),
         rule(
             "postal-address",
-            r"(?i)\b(?:flat|plot|sector)\s?(?:no\.?\s?)?\d{1,5}\b[^\n]{0,80}?\b\d{3}\s?\d{3}\b",
+            r"(?i)\b(?:flat|plot|sector)\s?(?:no\.?\s?)?\d{1,5}\s?,[^\n]{0,80}?\b\d{3}\s?\d{3}\b",
             None,
         ),
         // Japanese: the postal mark and its 7 digits, or a block number
@@ -408,7 +410,7 @@ pub fn builtin() -> Vec<Rule> {
         // characters" is a rule about passwords, not one.
         rule(
             "password",
-            r#"(?i)(?:password|passwd|pwd|passwort|kennwort|mot de passe|contraseña|senha|wachtwoord|hasło|haslo|şifre|sifre|parola|lösenord|losenord|passord|adgangskode|heslo|salasana|密码|口令|पासवर्ड|كلمة المرور|كلمة السر)\s*["']?\s*[=:：]\s*["']?([^\s"',;]{4,256}(?:[ \t]+[^\s"',;]{1,64})?)"#,
+            r#"(?i)(?:password|passwd|pwd|passwort|kennwort|mot de passe|contraseña|senha|wachtwoord|hasło|haslo|şifre|sifre|lösenord|losenord|passord|adgangskode|heslo|salasana|密码|口令|पासवर्ड|كلمة المرور|كلمة السر)\*{0,2}\s*["']?\s*[=:：]\*{0,2}\s*["']?([^\s"',;]{4,256}(?:[ \t]+[^\s"',;]{1,64})?)"#,
             Some(assigned_password),
         ),
         // Every quoted literal on the rest of the line of a password's
@@ -436,14 +438,14 @@ pub fn builtin() -> Vec<Rule> {
         // symbol counts ("the password is incorrect" is not one).
         rule(
             "password",
-            r#"(?i)(?:\b(?:password|passwd|passcode|passphrase|mot de passe|passwort|kennwort|contraseña|senha|wachtwoord|hasło|şifre|lösenord|passord|adgangskode|heslo|salasana)|пароль|パスワード|비밀번호|密码|口令|पासवर्ड|كلمة المرور|كلمة السر)(?:\s+(?:for|of|to|on|van|voor|del|della|dello|di|für|vom|von|du|de|des|da|do)\b(?:\s+[^\s,;:]{1,20}){1,4}?\s+(?:is|was|ist|lautet|est|es|é|è|era))?\s{0,3}(?:[:：]\s{0,3})?(?:is|was|ist|lautet|est|es|é|è|это|は|는|은|是|为)?\s{0,3}(?:now|still|set to|changed to)?\s{0,3}["'«“„]?([^\s"'»”“,;]{4,64})"#,
+            r#"(?i)(?:\b(?:password|passwd|passcode|passphrase|mot de passe|passwort|kennwort|contraseña|senha|wachtwoord|hasło|lösenord|passord|adgangskode|heslo|salasana)|şifre|пароль|パスワード|비밀번호|密码|口令|पासवर्ड|كلمة المرور|كلمة السر)(?:\s+(?:for|of|to|on|van|voor|del|della|dello|di|für|vom|von|du|de|des|da|do)\b(?:\s+[^\s,;:]{1,20}){1,4}?\s+(?:is|was|ist|lautet|est|es|é|è|era))?\s{0,3}(?:[:：]\s{0,3})?(?:is|was|ist|lautet|est|es|é|è|это|は|는|은|是|为)?\s{0,3}(?:now|still|set to|changed to)?\s{0,3}["'«“„]?([^\s"'»”“,;]{4,64})"#,
             Some(said_password),
         ),
         // A user and password on a command line: `curl -u deploy:S3cret`,
         // `--user name:pw` (curl, wget, httpie).
         rule(
             "password",
-            r#"(?:^|\s)(?:-u|--user|--http-user)[ =]["']?[^\s:"'$]{1,64}:([^\s"'@]{3,256})"#,
+            r#"(?:^|\s)(?:-u|--user|--http-user)[ =]["']?([^\s:"'$]{1,64}:[^\s"']{3,256})"#,
             Some(user_password),
         ),
         rule(
@@ -553,8 +555,14 @@ fn not_a_date(s: &str) -> bool {
 /// one hyphenated word ("is case-sensitive"; a passphrase of more words,
 /// "correct-horse-battery-staple", still counts).
 fn said_password(s: &str) -> bool {
-    // "password hashing:" names a topic; a value is not followed by a colon.
-    let s = s.trim_end_matches(['.', '!', '?', ')', ':']);
+    // "password hashing:" names a topic; "Passwort WLAN: Sonne7" names
+    // what the password is for, and the rule finds its colon as the symbol.
+    if s.strip_suffix(':')
+        .is_some_and(|w| PASSWORD_TOPICS.contains(&w.to_lowercase().as_str()))
+    {
+        return false;
+    }
+    let s = s.trim_end_matches(['.', '!', '?', ')']);
     s.chars().count() >= 4
         && s.chars().next().is_some_and(char::is_alphanumeric)
         && s.chars()
@@ -624,19 +632,39 @@ fn config_reference(value: &str) -> bool {
         "vars", "params", "props", "this", "ctx", "args", "opts", "options", "cfg", "conf",
     ];
     let value = value.trim_end_matches([',', ';']);
+    // "this.is.Sparta" is a passphrase: the last name must read as a
+    // setting's (`db_password`, `DB_PASSWORD`, `pw`).
+    let setting = |name: &str| {
+        let lower = name.to_ascii_lowercase();
+        name.contains('_')
+            || (name.len() > 1 && name.bytes().all(|b| b.is_ascii_uppercase()))
+            || ["pass", "pw", "pwd", "secret", "token", "key", "cred"]
+                .iter()
+                .any(|w| lower.contains(w))
+    };
     value.split_once('.').is_some_and(|(head, rest)| {
         NAMESPACES.contains(&head)
-            && !rest.is_empty()
+            && rest.rsplit('.').next().is_some_and(setting)
             && rest.split('.').all(|part| {
                 !part.is_empty() && part.chars().all(|c| c.is_ascii_alphabetic() || c == '_')
             })
     })
 }
 
-/// The password of `user:password` on a command line, unless it is a
-/// variable or a placeholder.
+/// `user:password` on a command line, unless the password is a
+/// variable, a placeholder or a path (`rsync -u host:/srv`), or the pair
+/// is a user and group (`docker run -u 1000:1000`, `--user
+/// www-data:www-data`).
 fn user_password(s: &str) -> bool {
-    not_placeholder(s) && !s.starts_with('$') && !code_reference(s)
+    let Some((user, password)) = s.split_once(':') else {
+        return false;
+    };
+    let numeric = |t: &str| t.bytes().all(|b| b.is_ascii_digit());
+    let user_and_group = user == password || (numeric(user) && numeric(password));
+    !user_and_group
+        && !password.starts_with(['$', '/'])
+        && not_placeholder(password)
+        && !code_reference(password)
 }
 
 /// Some quoted literal in the rest of a password's line is one: said
@@ -670,6 +698,28 @@ fn literal_value(s: &str) -> bool {
             && s.chars().any(|c| c.is_ascii_digit())
             && not_placeholder(s))
 }
+
+/// What a heading about passwords names ("Password hashing:", "Password
+/// policy:"), not what a password is for.
+const PASSWORD_TOPICS: &[&str] = &[
+    "hashing",
+    "hash",
+    "policy",
+    "policies",
+    "requirements",
+    "rules",
+    "manager",
+    "managers",
+    "reset",
+    "strength",
+    "length",
+    "storage",
+    "complexity",
+    "security",
+    "generator",
+    "expiry",
+    "rotation",
+];
 
 /// Words a rule about passwords starts with ("Password: must be …").
 const SENTENCE_WORDS: &[&str] = &[
@@ -761,9 +811,12 @@ fn compound_word(s: &str) -> bool {
 /// are instructions, not secrets.
 fn not_placeholder(s: &str) -> bool {
     let lower = s.to_lowercase();
-    // A form's blank to fill in ("____", "*****", "xxxx", "-----").
+    // A form's blank to fill in ("____", "-----", "*****", "xxxx").
+    let blank = |fill: char| s.chars().all(|c| c == fill);
     !(s.chars()
-        .all(|c| c == '*' || c == 'x' || c == 'X' || c == '.' || c == '_' || c == '-')
+        .all(|c| c == '*' || c == 'x' || c == 'X' || c == '.')
+        || blank('_')
+        || blank('-')
         || lower.starts_with('<')
         || lower.starts_with('{')
         || lower.starts_with('$')

@@ -745,6 +745,28 @@ fn more_languages_and_shapes_from_the_third_development_set() {
             "curl -u $USER:$TOKEN https://repo.example.net/",
         ],
     );
+    // What a review of those rules found they must still find, and must
+    // not take for a password.
+    finds(
+        "password",
+        &[
+            "Passwort WLAN: Sonnenblume7",
+            "my wifi password is this.is.Sparta",
+            "curl -u admin:P@ssw0rd https://repo.example.net/",
+            "**Password:** Hunter2!",
+            "WiFi şifre Masa5678!",
+        ],
+    );
+    misses(
+        "password",
+        &[
+            "docker run -u 1000:1000 alpine id",
+            "docker run --user www-data:www-data nginx",
+            "rsync -u backup:/srv/data ./data",
+            "Parola: gatto",
+            "Password policy: rotate every 90 days",
+        ],
+    );
     finds(
         "phone",
         &["문자 주세요: 010-3141-5926", "Arayın: 0544 271 82 81"],
@@ -764,6 +786,10 @@ fn more_languages_and_shapes_from_the_third_development_set() {
         &[
             "Chapter 3, 12345 words in all",
             "We sold 7, 10000 Units shipped last year",
+            "Gründungsjahr 1998\n12000 Mitarbeiter",
+            "الدفع عن طريق التحويل بمبلغ 15000 ريال",
+            "flat 15% commission above 100000",
+            "CAD No: 4471",
         ],
     );
     finds(

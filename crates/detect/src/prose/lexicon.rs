@@ -69,25 +69,26 @@ static LEXICON: LazyLock<Lexicon> = LazyLock::new(|| {
             "poufn(?:e|y|a|ych)",
             "ściśle tajne",
             "konfidentiell(?:t|a)?",
-            "fortrolig(?:t|e)?",
+            // Not "fortrolig med" (familiar with).
+            "strengt fortrolig(?:t|e)?",
             "(?:strikt )?vertrouwelijk(?:e)?",
-            "riservata",
             "confidenziale",
             "důvěrné",
             "luottamuksellinen",
-            "конфиденциально",
+            // Not "конфиденциальности" (privacy).
+            "конфиденциально(?:\\s|[:.,!]|$)",
             "для служебного пользования",
             "대외비",
-            "기밀",
+            // Not "기밀성" (confidentiality as a property, airtightness).
+            "기밀(?:\\s|[:.,]|$|문서|자료|사항)",
             "극비",
             "極秘",
             "سري للغاية",
             "سري وخاص",
             // Not "गोपनीयता" (privacy: "गोपनीयता नीति", a privacy policy).
             "गोपनीय(?:\\s|[:।,.]|$)",
-            "(?:çok )?(?:gizli|GİZLİ|Gizli)\\s*[:–—\\-]",
-            "kişiye özel",
-            "hizmete özel",
+            "(?:^|\\n)\\s*(?:çok\\s+)?gizli\\s*[:–—\\-]",
+            "(?-i:GİZLİ|KİŞİYE ÖZEL|HİZMETE ÖZEL)",
         ],
     );
     all.extend(terms(
@@ -149,13 +150,15 @@ static LEXICON: LazyLock<Lexicon> = LazyLock::new(|| {
             "sjukskriv\\w*",
             "سرطان",
             "إجازة مرضية",
-            "راتب",
+            "(?:^|\\s)(?:ال)?راتب",
             "رواتب",
             "연봉",
-            "급여",
+            "월급",
             "감원",
             // A large sum of money: with one topic word, enough.
-            "\\d{1,3}(?:[.,\\s]\\d{3})+\\s?(?:€|euros?|eur|\\$|usd|£|gbp|元|kr|sek|nok|dkk|zł|pln|tl|₺|₹|inr|chf|ريال|円|원)",
+            "\\d{1,3}(?:[.,\\s]\\d{3})+\\s?(?:€|euros?|eur|\\$|usd|£|gbp|元|zł|ريال|(?:kr|sek|nok|dkk|pln|chf)(?-u:\\b))",
+            // Lira, rupees, yen and won: a million or more.
+            "\\d{1,3}(?:[.,\\s]\\d{3}){2,}\\s?(?:₺|₹|円|원|(?:tl|inr)(?-u:\\b))",
             "\\d+(?:\\.\\d+)?万",
             // Money and employment.
             "salary",
@@ -299,6 +302,31 @@ mod tests {
         assert!(score("CONFIDENTIAL: Q3 plan") >= 1.0);
         assert!(score("This is vertraulich.") >= 1.0);
         assert!(score("这份文件是机密") >= 1.0);
+        // The markings learnt from the third development set, and the
+        // words around them that are not markings.
+        for marked in [
+            "POUFNE: plan sprzedaży",
+            "Konfidentiellt – endast för styrelsen",
+            "Strikt vertrouwelijk: de cijfers",
+            "대외비: 구조조정 계획",
+            "GİZLİ – kurul kararı",
+            "سري للغاية: الخطة",
+            "गोपनीय: विलय",
+            "Конфиденциально: отчёт",
+        ] {
+            assert!(score(marked) >= 1.0, "{marked}");
+        }
+        for plain in [
+            "Jeg er fortrolig med Excel",
+            "Accedi all'area riservata",
+            "Profil gizli: evet",
+            "политика конфиденциальности сайта",
+            "정보보안의 기밀성",
+            "Bonus kart ile 2.000 TL indirim",
+            "गोपनीयता नीति",
+        ] {
+            assert!(score(plain) < 1.0, "{plain}");
+        }
         assert_eq!(score("I was diagnosed last week"), 0.5);
         assert!(score("I was diagnosed with diabetes") >= 1.0);
         assert!(score("My salary is 90k and I got a bonus") >= 1.0);

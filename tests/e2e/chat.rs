@@ -969,6 +969,29 @@ fn what_people_paste_stays_local_and_the_reason_says_what_was_found() {
                 "My passport number is 172149141; do I need a visa for Japan?",
             ),
         ),
+        // Shapes learnt from the third development set: a password word in
+        // Polish, a password on a command line, a Turkish marking.
+        (
+            "password",
+            pasted(
+                "canary-pl",
+                "Popraw ten mail: \"login: biuro_nowak, hasło: Jesien2020!, proszę o potwierdzenie.\"",
+            ),
+        ),
+        (
+            "password",
+            pasted(
+                "canary-curl",
+                "Why does this fail in CI?\ncurl -u deploy:Qz!81deployKr https://nexus.internal.example/upload",
+            ),
+        ),
+        (
+            "confidential",
+            pasted(
+                "canary-tr",
+                "GİZLİ – yönetim kurulu satın almayı onayladı. İngilizceye çevirir misin?",
+            ),
+        ),
     ];
     let mut canaries = Vec::new();
     for (kind, messages) in cases {

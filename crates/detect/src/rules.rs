@@ -662,7 +662,8 @@ fn user_password(s: &str) -> bool {
     let numeric = |t: &str| t.bytes().all(|b| b.is_ascii_digit());
     let user_and_group = user == password || (numeric(user) && numeric(password));
     !user_and_group
-        && !password.starts_with(['$', '/'])
+        // A leading `$` (a variable) is `not_placeholder`'s.
+        && !password.starts_with('/')
         && not_placeholder(password)
         && !code_reference(password)
 }

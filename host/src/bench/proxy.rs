@@ -174,9 +174,9 @@ pub async fn run(config: Config, requests: u32) -> anyhow::Result<()> {
     cloud_call(config.clone(), requests).await?;
     // The same with the connection threads sleeping at once: what polling
     // before sleeping buys, in this run.
-    let mut sleeping = config.clone();
-    sleeping.limits.idle_poll_us = 0;
     if config.limits.idle_poll_us > 0 {
+        let mut sleeping = config.clone();
+        sleeping.limits.idle_poll_us = 0;
         println!("  the same with [limits] idle_poll_us = 0 (connection threads sleep at once):");
         cloud_call(sleeping, requests).await?;
     }

@@ -100,6 +100,17 @@ pub fn activity() {
     WINDOW.with(|w| w.activity.set(w.activity.get().wrapping_add(1)));
 }
 
+/// `builder` with both hooks, polling for `length` after a request; the
+/// runtime also needs its [`poller`] spawned.
+pub fn hooks(
+    builder: &mut tokio::runtime::Builder,
+    length: Duration,
+) -> &mut tokio::runtime::Builder {
+    builder
+        .on_thread_park(move || before_sleeping(length))
+        .on_thread_unpark(after_waking)
+}
+
 /// The runtime's `on_thread_park` hook. Inside the window it wakes the
 /// thread's [`poller`], which makes tokio look at its sockets and timers
 /// without blocking (tokio ≥ 1.54.1) and come back here, rather than
@@ -208,12 +219,12 @@ mod tests {
 
     /// A runtime as a connection thread's: both hooks and the poller.
     fn runtime(window: Duration) -> tokio::runtime::Runtime {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .on_thread_park(move || before_sleeping(window))
-            .on_thread_unpark(after_waking)
-            .build()
-            .unwrap();
+        let runtime = hooks(
+            tokio::runtime::Builder::new_current_thread().enable_time(),
+            window,
+        )
+        .build()
+        .unwrap();
         runtime.spawn(poller());
         runtime
     }

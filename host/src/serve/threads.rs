@@ -55,13 +55,14 @@ impl ConnectionThreads {
             // Sockets and timers only: no process or signal driver to
             // check at every turn (the node's signals are the main
             // runtime's).
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_io()
-                .enable_time()
-                .on_thread_park(move || super::idle_poll::before_sleeping(idle_poll))
-                .on_thread_unpark(super::idle_poll::after_waking)
-                .thread_name(format!("edgeroute-conn-{i}-blocking"))
-                .build()?;
+            let runtime = super::idle_poll::hooks(
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_io()
+                    .enable_time()
+                    .thread_name(format!("edgeroute-conn-{i}-blocking")),
+                idle_poll,
+            )
+            .build()?;
             std::thread::Builder::new()
                 .name(format!("edgeroute-conn-{i}"))
                 .spawn(move || {

@@ -180,6 +180,21 @@ impl Detector {
             for kind in split_numbers(&texts, &joined) {
                 found.insert(kind);
             }
+            // A value typed in two parts with the assistant's turn between
+            // them ("my sister's number is 07700", "what's the rest?", "900
+            // 224"): the end of each text joined to the start of the one
+            // after next. Only the rules: the joined text above already
+            // gave the lexicon every word. Every value split so has a digit
+            // on one side at least (a number's parts, a date after "my date
+            // of birth is"): a seam without is not searched, as most of an
+            // agent's are not.
+            for turns in texts.windows(3) {
+                let (end, start) = (tail(&turns[0]), head(&turns[2]));
+                let digit = |s: &str| s.bytes().any(|b| b.is_ascii_digit());
+                if digit(end) || digit(start) {
+                    self.scan_rules(&format!("{end} {start}"), &mut found);
+                }
+            }
         }
         found.into_iter().collect()
     }
@@ -199,6 +214,13 @@ impl Detector {
     }
 
     fn scan_one(&self, text: &str, found: &mut BTreeSet<&'static str>) {
+        self.scan_rules(text, found);
+        if !found.contains(CONFIDENTIAL) && prose::lexicon::score(text) >= self.prose_threshold {
+            found.insert(CONFIDENTIAL);
+        }
+    }
+
+    fn scan_rules(&self, text: &str, found: &mut BTreeSet<&'static str>) {
         let digits = must_hold::count(text);
         for rule in &self.rules {
             if rule.min_digits > digits || found.contains(rule.kind) {
@@ -217,10 +239,30 @@ impl Detector {
                 found.insert(rule.kind);
             }
         }
-        if !found.contains(CONFIDENTIAL) && prose::lexicon::score(text) >= self.prose_threshold {
-            found.insert(CONFIDENTIAL);
-        }
     }
+}
+
+/// How much of a text's end and the start of the text after next are
+/// joined to find a value typed across an assistant's turn: a value's
+/// parts and the words before them that give their context
+/// ([`rules::CONTEXT_CHARS`]).
+const SEAM_CHARS: usize = 96;
+
+fn tail(text: &str) -> &str {
+    let start = text
+        .char_indices()
+        .rev()
+        .nth(SEAM_CHARS - 1)
+        .map_or(0, |(i, _)| i);
+    &text[start..]
+}
+
+fn head(text: &str) -> &str {
+    let end = text
+        .char_indices()
+        .nth(SEAM_CHARS)
+        .map_or(text.len(), |(i, _)| i);
+    &text[..end]
 }
 
 /// Numbers typed in parts across turns, with words between them ("it

@@ -107,7 +107,8 @@ pub fn builtin() -> Vec<Rule> {
         ),
         rule(
             "iban",
-            &bounded(r"[A-Za-z]{2}\d{2}(?:[ .\-]?[A-Za-z0-9]){11,30}"),
+            // A line break too: an IBAN broken over two lines of a PDF.
+            &bounded(r"[A-Za-z]{2}\d{2}(?:(?:[ .\-]|\n)?[A-Za-z0-9]){11,30}"),
             Some(v::iban),
         ),
         rule(
@@ -194,17 +195,19 @@ pub fn builtin() -> Vec<Rule> {
         ),
         // National mobile numbers as people write them, distinctive
         // enough without a phone word: French (06 12 34 56 78, pairs
-        // apart), British (07700 900123, the space after the prefix),
+        // apart), British (07700 900123 or 900 123, the space after the prefix),
         // Japanese (090-1234-5678), Spanish (612 48 93 07), German (0151
         // 2345 6789), Dutch (06-12345678), Brazilian ((11) 91234-5678),
         // Chinese spaced 3-4-4 (138 0013 8000), Indian 5-5 (98765 43210),
-        // Korean (010-1234-5678), Turkish (0532 123 45 67).
+        // Korean (010-1234-5678), Turkish (0532 123 45 67, 0 (532) 123 45
+        // 67), Australian (0491 570 156), Egyptian (0100 189 2608); French
+        // landlines in pairs as well as mobiles (01.99.00.95.73).
         // Written solid they are order numbers as often as phones, so the
         // separators are required. One pattern: one search of the text.
         rule(
             "phone",
             &bounded(
-                r"0[67](?:[ .\-]\d{2}){4}|07\d{3} \d{6}|0[789]0-\d{4}-\d{4}|[67]\d{2} \d{2} \d{2} \d{2}|01[5-7]\d{1,2} \d{3,4} \d{3,4}|06-\d{8}|\(\d{2}\) ?9?\d{4}-\d{4}|1[3-9]\d[ \-]\d{4}[ \-]\d{4}|[6-9]\d{4} \d{5}|01[016-9]-\d{3,4}-\d{4}|05\d{2} \d{3} \d{2} \d{2}",
+                r"0[1-9](?:[ .\-]\d{2}){4}|07\d{3} \d{3} ?\d{3}|0[789]0-\d{4}-\d{4}|[67]\d{2} \d{2} \d{2} \d{2}|01[5-7]\d{1,2} \d{3,4} \d{3,4}|06-\d{8}|\(\d{2}\) ?9?\d{4}-\d{4}|1[3-9]\d[ \-]\d{4}[ \-]\d{4}|[6-9]\d{4} \d{5}|01[016-9]-\d{3,4}-\d{4}|0 ?\(?5\d{2}\)? ?\d{3} \d{2} \d{2}|04\d{2} \d{3} \d{3}|01[0125]\d[ \-]\d{3}[ \-]\d{4}",
             ),
             None,
         ),
@@ -214,7 +217,7 @@ pub fn builtin() -> Vec<Rule> {
                 &bounded(r"\(?\d{2,5}\)?[ .\-/]?\d{2,4}[ .\-]?\d{2,4}(?:[ .\-]?\d{2,4})?"),
                 Some(phone_not_date),
             ),
-            r"phone|tel|call|mobile|\bmobil\b|cell|ring|whatsapp|signal|fax|telefon|téléphone|teléfono|handy|portable|móvil|celular|cellulare|ll[aá]m|\bbel(?:len)?\b|\bruf\b|rufnummer|erreichen|\bchama\b|\bzap\b|\bligue?\b|电话|手机|联系|電話|携帯|전화|휴대폰|핸드폰|телефон|мобильн|फ़ोन|फोन|அழை|مو?بايل|هاتف",
+            r"phone|\btel\b|\btelf\b|telnr|tél|call|mobile|\bmobil\b|\bcell|\bring\b|whatsapp|signal|fax|telefon|téléphone|teléfono|handy|portable|móvil|celular|cellulare|ll[aá]m|\bbel(?:len)?\b|\bruf\b|rufnummer|anruf|erreichen|aray[ıi]n|\bchama\b|\bzap\b|\bligue?\b|电话|手机|联系|热线|座机|電話|携帯|전화|휴대폰|핸드폰|телефон|мобильн|फ़ोन|फोन|அழை|مو?بايل|هاتف|واتس|اتصل",
         ),
         // Addresses: a house number and a capitalised street name ("221B
         // Baker Street"; "the square" in a sentence is not one), a UK postcode, a
@@ -268,12 +271,34 @@ pub fn builtin() -> Vec<Rule> {
             r"\bco\.?\s|county|ireland|éire|eircode",
         ),
         // A line that ends in a house number, then one that starts with
-        // a five-digit postcode and a capitalised town: "Am Mühlbach
-        // 3a\n83022 Rosenheim" (German, French, Spanish, Italian, Turkish,
-        // Finnish postcodes). On one line, "sold 7, 10000 Units" is not.
+        // a four- or five-digit postcode and a capitalised town: "Am
+        // Mühlbach 3a\n83022 Rosenheim", "Meir 52 bus 3\n2000 Antwerpen"
+        // (German, French, Spanish, Italian, Turkish, Finnish; Belgian,
+        // Swiss, Austrian, Danish postcodes). On one line, "sold 7, 10000
+        // Units" is not.
         rule(
             "postal-address",
-            r"\b\d{1,3}[a-zA-Z]?[ \t]*\n[ \t]*(?:[A-Z]-)?\d{5}[ \t]\p{Lu}\p{Ll}+(?:[ \t\-]\p{Lu}\p{Ll}+)?[ \t]*(?:\n|$)",
+            r"\b\d{1,3}[a-zA-Z]?[ \t]*\n[ \t]*(?:[A-Z]-)?\d{4,5}[ \t]\p{Lu}\p{Ll}+(?:[ \t\-]\p{Lu}\p{Ll}+)?[ \t]*(?:\n|$)",
+            None,
+        ),
+        // A German street named in two words ("Rosenheimer Str. 118",
+        // "Berliner Straße 12"); a vCard's address field with a number;
+        // an Australian state and postcode ("Sydney NSW 2000"; not ACT,
+        // a law's name, nor SA, WA, NT, words).
+        rule(
+            "postal-address",
+            r"\b\p{Lu}\p{Ll}{2,30}\s(?:Straße|Strasse|Str\.)\s{0,3}\d{1,5}[a-z]?\b",
+            None,
+        ),
+        rule("postal-address", r"(?im)^ADR[;:][^\n]*\d", None),
+        rule("postal-address", r"\b(?:NSW|VIC|QLD|TAS)\s\d{4}\b", None),
+        // A street as people type it, in lower case ("4821 n lincoln ave
+        // apt 2b chicago il 60625", "unit 5/17 smith st fitzroy victoria
+        // 3065"): a number, words and a street's type, then on the same line
+        // a US or Australian state and its postcode.
+        rule(
+            "postal-address",
+            r"(?i)\b\d{1,5}[a-z]?(?:/\d{1,5}[a-z]?)?\s{1,3}(?:[nsew]\.?\s{1,3})?(?:[a-z][a-z'\-]{1,30}\s{1,3}){1,3}(?:st|street|ave|avenue|rd|road|blvd|boulevard|dr|drive|ln|lane|ct|court|pl|place|pde|parade|cres|crescent|hwy|highway|tce|terrace)\b\.?[^\n]{0,60}?\b(?:AL|AK|AZ|AR|CA|CO|CT|DE|FL|GA|HI|ID|IL|IN|IA|KS|KY|LA|ME|MD|MA|MI|MN|MS|MO|MT|NE|NV|NH|NJ|NM|NY|NC|ND|OH|OK|OR|PA|RI|SC|SD|TN|TX|UT|VT|VA|WA|WV|WI|WY|DC|NSW|VIC|QLD|SA|TAS|ACT|NT|victoria|queensland|tasmania|new south wales),?\s{1,3}\d{4,5}(?:-\d{4})?\b",
             None,
         ),
         // A Polish street (ul. Marszałkowska 115 m. 24), a Turkish one
@@ -320,13 +345,48 @@ pub fn builtin() -> Vec<Rule> {
             r"(?i)\b(?:calle|avenida|av\.|plaza|paseo|carrer|rua|(?-i:Via|VIA)|viale|corso|piazza|rue|boulevard|chemin)\s{1,3}(?:[\p{L}.'\-]+,?\s{1,3}){0,5}\d{1,4}\b",
             None,
         ),
+        // A date after a birth word: numeric (14.03.1978, 1978-03-14,
+        // 1990年3月5日), Spanish and Portuguese "12 de marzo de 1980",
+        // Korean, English "March 3rd, 1990", and a day, a word and a year
+        // in any language and separator ("7 Mayıs 1992", "12 مارس 1979",
+        // "3 मार्च 1987", "04-Mar-1985", "the 2nd of May 1961"): after a
+        // birth word, the word between a day and a year is a month.
         with_context(
             rule(
                 "date-of-birth",
-                r"(?i)(?:\d{1,4}[./\-年]\s?\d{1,2}[./\-月]\s?\d{1,4}日?|\d{1,2}\s{1,3}de\s{1,3}\p{L}{1,20}\s{1,3}de\s{1,3}\d{4}|\d{1,2}(?:st|nd|rd|th)?\s{1,3}(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec|janv|févr|mars|avr|mai|juin|juil|août|sept|déc|enero|febrero|marzo|abril|mayo|junio|julio|agosto|septiembre|octubre|noviembre|diciembre|januar|februar|märz|juni|juli|oktober|dezember|gennaio|febbraio|aprile|maggio|giugno|luglio|settembre|ottobre|dicembre|janeiro|fevereiro|março|maio|junho|julho|setembro|outubro|dezembro|января|февраля|марта|апреля|мая|июня|июля|августа|сентября|октября|ноября|декабря)[a-zéûç]*\.?,?\s{1,3}\d{4}|\d{4}년\s?\d{1,2}월\s?\d{1,2}일|(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?\s{1,3}\d{1,2}(?:st|nd|rd|th)?,?\s{1,3}\d{4})",
+                r"(?i)(?:\d{1,4}[./\-年]\s?\d{1,2}[./\-月]\s?\d{1,4}日?|\d{1,2}\s{1,3}de\s{1,3}\p{L}{1,20}\s{1,3}de\s{1,3}\d{4}|\d{1,2}\.?(?:st|nd|rd|th)?(?:\s{1,3}of)?[\s\-/.]{1,3}[\p{L}\p{M}]{3,12}\.?,?[\s\-/.]{1,3}(?:1[89]|20)\d{2}|\d{4}년\s?\d{1,2}월\s?\d{1,2}일|(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?\s{1,3}\d{1,2}(?:st|nd|rd|th)?,?\s{1,3}\d{4})",
                 None,
             ),
-            r"born|birth|dob|d\.o\.b|birthday|geboren|geburt|geb\.|né le|née le|naissance|nacimiento|nació|nato il|nata il|nascita|nascimento|nascido|nascida|geboorte|född|urodzon|urodzenia|doğum|рожден|родил|जन्म|ngày sinh|tanggal lahir|تاريخ الميلاد|出生|生日|生于|生年月日|생년월일|생일|출생",
+            r"born|birth|dob|d\.o\.b|birthday|geboren|geburt|geb\.|né le|née le|naissance|nacimiento|nació|f\.\s?nac|\bnac\.|nato il|nata il|nascita|nascimento|nascido|nascida|geboorte|född|født|fødd|urodzon|urodzenia|\bur\.|narozen|\bnar\.|rođen|syntyn|syntymä|doğum|рожден|родил|जन्म|ngày sinh|tanggal lahir|تاريخ الميلاد|مواليد|ولدت|ولد في|وُلد|出生|生日|生于|生年月日|생년월일|생일|출생",
+        ),
+        // Born, said after the date: "1995년 12월 3일생", "昭和35年2月14日生",
+        // "1990年3月5日出生".
+        rule(
+            "date-of-birth",
+            r"\d{4}년\s?\d{1,2}월\s?\d{1,2}일\s?생|(?:明治|大正|昭和|平成|令和)?\d{1,4}年\s?\d{1,2}月\s?\d{1,2}日\s?(?:生|出生)",
+            None,
+        ),
+        // A CV's "b. 09.11.1983" (lower case, as a separate word, the date
+        // at once; "b." also letters a list, which has an "a." before).
+        unless(
+            rule(
+                "date-of-birth",
+                r"(?:^|[\s·,(|;])b\.\s{0,2}(?:\d{1,2}[./\-]\d{1,2}[./\-](?:19|20)\d{2}|(?:19|20)\d{2}-\d{2}-\d{2}|\d{1,2}\s[\p{L}]{3,12}\.?,?\s(?:19|20)\d{2})",
+                None,
+            ),
+            r"\ba\.\s",
+        ),
+        // The machine-readable zone of a passport's page (its second line,
+        // with check digits): a passport, and the holder's date of birth.
+        rule(
+            "passport",
+            r"\b[A-Z0-9<]{9}\d[A-Z<]{3}\d{7}[MFX<]\d{7}",
+            Some(v::mrz_line),
+        ),
+        rule(
+            "date-of-birth",
+            r"\b[A-Z0-9<]{9}\d[A-Z<]{3}\d{7}[MFX<]\d{7}",
+            Some(v::mrz_line),
         ),
         // Not right after a word that makes it a version ("firmware
         // 2.4.1.7", "version 1.0.0.12", "upgrade to 3.2.1.2") or a
@@ -384,10 +444,10 @@ pub fn builtin() -> Vec<Rule> {
         // DigitalOcean, Shopify, Databricks, Stripe webhooks, Telegram
         // bots, Linear, Postman, Grafana, New Relic, Square, Mailgun,
         // Supabase, Doppler, GitLab's other tokens, Replicate, Groq,
-        // Perplexity, xAI.
+        // Perplexity, xAI, Google OAuth client secrets.
         rule(
             "api-key",
-            r"\b(?:pypi-AgE[A-Za-z0-9_\-]{50,}|hvs\.[A-Za-z0-9_\-]{24,}|do[opr]_v1_[a-f0-9]{64}|shp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}|dapi[a-f0-9]{32}|whsec_[A-Za-z0-9+/]{32,}|[0-9]{8,10}:AA[A-Za-z0-9_\-]{33}|lin_api_[A-Za-z0-9]{40}|PMAK-[a-f0-9]{24}-[a-f0-9]{34}|glsa_[A-Za-z0-9]{32}_[a-f0-9]{8}|glc_[A-Za-z0-9+/]{32,}|NRAK-[A-Z0-9]{27}|sq0(?:atp|csp)-[0-9A-Za-z_\-]{22,43}|key-[0-9a-f]{32}|sbp_[a-f0-9]{40}|dp\.(?:st|ct|sa|pt)\.[A-Za-z0-9_\-]{40,44}|gl(?:ptt|dt|rt|cbt|ft|imt|oas|soat)-[A-Za-z0-9_\-]{20,}|r8_[A-Za-z0-9]{37}|gsk_[A-Za-z0-9]{52}|pplx-[A-Za-z0-9]{48}|xai-[A-Za-z0-9]{80})\b",
+            r"\b(?:pypi-AgE[A-Za-z0-9_\-]{50,}|hvs\.[A-Za-z0-9_\-]{24,}|do[opr]_v1_[a-f0-9]{64}|shp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}|dapi[a-f0-9]{32}|whsec_[A-Za-z0-9+/]{32,}|[0-9]{8,10}:AA[A-Za-z0-9_\-]{33}|lin_api_[A-Za-z0-9]{40}|PMAK-[a-f0-9]{24}-[a-f0-9]{34}|glsa_[A-Za-z0-9]{32}_[a-f0-9]{8}|glc_[A-Za-z0-9+/]{32,}|NRAK-[A-Z0-9]{27}|sq0(?:atp|csp)-[0-9A-Za-z_\-]{22,43}|key-[0-9a-f]{32}|sbp_[a-f0-9]{40}|dp\.(?:st|ct|sa|pt)\.[A-Za-z0-9_\-]{40,44}|gl(?:ptt|dt|rt|cbt|ft|imt|oas|soat)-[A-Za-z0-9_\-]{20,}|r8_[A-Za-z0-9]{37}|gsk_[A-Za-z0-9]{52}|pplx-[A-Za-z0-9]{48}|xai-[A-Za-z0-9]{80}|GOCSPX-[A-Za-z0-9_\-]{28})\b",
             None,
         ),
         rule(
@@ -410,7 +470,7 @@ pub fn builtin() -> Vec<Rule> {
         // characters" is a rule about passwords, not one.
         rule(
             "password",
-            r#"(?i)(?:password|passwd|pwd|passwort|kennwort|mot de passe|contraseña|senha|wachtwoord|hasło|haslo|şifre|sifre|lösenord|losenord|passord|adgangskode|heslo|salasana|密码|口令|पासवर्ड|كلمة المرور|كلمة السر)\*{0,2}\s*["']?\s*[=:：]\*{0,2}\s*["']?([^\s"',;]{4,256}(?:[ \t]+[^\s"',;]{1,64})?)"#,
+            r#"(?i)(?:password|passwd|pwd|passwort|kennwort|mot de passe|contraseña|senha|wachtwoord|hasło|haslo|şifre|sifre|lösenord|losenord|passord|adgangskode|heslo|salasana|密码|口令|पासवर्ड|كلمة المرور|كلمة السر)\*{0,2}\s*["']?\s*[=:：]\*{0,2}\s*["'`]?([^\s"'`,;]{4,256}(?:[ \t]+[^\s"'`,;]{1,64})?)"#,
             Some(assigned_password),
         ),
         // Every quoted literal on the rest of the line of a password's
@@ -434,11 +494,13 @@ pub fn builtin() -> Vec<Rule> {
         // Said rather than assigned: "my password is hunter2", "le mot de
         // passe est Soleil42", "パスワードは abc123!", also with what it
         // is for in between ("the password for the router is …", "la
-        // password del wifi di casa è …"). Only a value with a digit or a
+        // password del wifi di casa è …"), the word's definite or possessive
+        // form and the language's "is" ("lösenordet är …", "şifresi …",
+        // "heslo je …", "hasło to …", "पासवर्ड है …", "كلمة المرور هي …"). Only a value with a digit or a
         // symbol counts ("the password is incorrect" is not one).
         rule(
             "password",
-            r#"(?i)(?:\b(?:password|passwd|passcode|passphrase|mot de passe|passwort|kennwort|contraseña|senha|wachtwoord|hasło|lösenord|passord|adgangskode|heslo|salasana)|şifre|пароль|パスワード|비밀번호|密码|口令|पासवर्ड|كلمة المرور|كلمة السر)(?:\s+(?:for|of|to|on|van|voor|del|della|dello|di|für|vom|von|du|de|des|da|do)\b(?:\s+[^\s,;:]{1,20}){1,4}?\s+(?:is|was|ist|lautet|est|es|é|è|era))?\s{0,3}(?:[:：]\s{0,3})?(?:is|was|ist|lautet|est|es|é|è|это|は|는|은|是|为)?\s{0,3}(?:now|still|set to|changed to)?\s{0,3}["'«“„]?([^\s"'»”“,;]{4,64})"#,
+            r#"(?i)(?:\b(?:password|passwd|passcode|passphrase|mot de passe|passwort|kennwort|contraseña|senha|wachtwoord|hasło(?:\s+(?:to|jest))?|lösenord(?:et)?(?:\s+är)?|passord(?:et)?(?:\s+er)?|adgangskode(?:n)?(?:\s+er)?|heslo(?:\s+je)?|salasana(?:\s+on)?)|şifre(?:si|niz|m)?|пароль|パスワード|비밀번호|密码|口令|पासवर्ड(?:\s+है)?|كلمة (?:المرور|السر)(?:\s+(?:هي|هو))?)(?:\s+(?:for|of|to|on|van|voor|del|della|dello|di|für|vom|von|du|de|des|da|do)\b(?:\s+[^\s,;:]{1,20}){1,4}?\s+(?:is|was|ist|lautet|est|es|é|è|era))?\s{0,3}(?:[:：]\s{0,3})?(?:is|was|ist|lautet|est|es|é|è|это|は|는|은|是|为)?\s{0,3}(?:now|still|set to|changed to)?\s{0,3}["'«“„]?([^\s"'»”“,;]{4,64})"#,
             Some(said_password),
         ),
         // A user and password on a command line: `curl -u deploy:S3cret`,
@@ -448,9 +510,43 @@ pub fn builtin() -> Vec<Rule> {
             r#"(?:^|\s)(?:-u|--user|--http-user)[ =]["']?([^\s:"'$]{1,64}:[^\s"']{3,256})"#,
             Some(user_password),
         ),
+        // A password on a database client's command line (`mysqldump -u
+        // backup -p'Bk!22'`, `sshpass -p …`), in a Wi-Fi QR code's text
+        // (`WIFI:T:WPA;S:Net;P:…;;`), and a Kubernetes secret's password
+        // printed by `base64 -d` on the line after.
+        rule(
+            "password",
+            r#"\b(?:mysql(?:dump|admin|import|check|sh|slap)?\b[^\n]{0,120}?\s-p|sshpass\s+-p\s?)["']?([^\s"']{3,128})"#,
+            Some(not_placeholder),
+        ),
+        rule(
+            "password",
+            r"WIFI:(?:[^\n]{0,200}?;)?P:([^;\n]{4,128});",
+            Some(not_placeholder),
+        ),
+        with_context(
+            rule(
+                "password",
+                r"base64\s+(?:-d|--decode|-D)\b[^\n]{0,80}\n\s{0,8}([^\s$][^\s]{3,255})[ \t]*(?:\n|$)",
+                Some(said_password),
+            ),
+            r"pass|pwd",
+        ),
         rule(
             "secret",
             r#"(?i)\b[a-z0-9_\-]{0,64}(?:secret|token|api_?key|apikey|access_?key|private_?key|auth_?key|credential|passphrase|_key|_pass)[a-z0-9_\-]{0,64}["']?\s*[=:]\s*["']?([^\s"'`,;]{16,512})"#,
+            Some(v::high_entropy),
+        ),
+        // A secret given to a command's flag (`--token hf_…`,
+        // `--api-key=…`) or an Android manifest's value under a key's name.
+        rule(
+            "secret",
+            r#"(?i)(?:^|\s)--?[a-z0-9\-]{0,32}(?:token|secret|api-?key|access-?key|auth-?key)[a-z0-9\-]{0,32}(?:\s+|=)["']?([^\s"'$\-][^\s"']{15,511})"#,
+            Some(v::high_entropy),
+        ),
+        rule(
+            "secret",
+            r#"(?i)android:name\s*=\s*"[^"]{0,128}(?:key|secret|token)[^"]{0,128}"\s*android:value\s*=\s*"([^"]{16,512})""#,
             Some(v::high_entropy),
         ),
         // An HTTP credential pasted with its header: an opaque bearer
@@ -580,6 +676,12 @@ fn said_password(s: &str) -> bool {
 /// -h db`), a length range ("8-64 characters"), a YAML tag (`!vault`), a
 /// path (`pwd: /home/…`, the shell's working directory), or a placeholder.
 fn assigned_password(s: &str) -> bool {
+    // A shell's default (`${DB_PASSWORD:-Pr0d-S3cret!}`, the rule finding
+    // the colon): the default is the password, if it reads as one
+    // (`${DB_PASSWORD:-请替换}`, "please replace", does not).
+    if let Some((default, _)) = s.strip_prefix('-').and_then(|d| d.split_once('}')) {
+        return said_password(default);
+    }
     let (value, next) = match s.split_once([' ', '\t']) {
         Some((value, next)) => (value, Some(next.trim())),
         None => (s, None),

@@ -646,8 +646,11 @@ fn no_rule_that_matches_a_text_is_skipped_for_it() {
     for file in [
         "eval.jsonl",
         "dev.jsonl",
+        "dev2.jsonl",
+        "dev3.jsonl",
         "heldout.jsonl",
         "heldout2.jsonl",
+        "heldout3.jsonl",
         "topics.jsonl",
     ] {
         let path = format!(
@@ -814,4 +817,170 @@ fn more_languages_and_shapes_from_the_third_development_set() {
             "गोपनीयता नीति में क्या लिखा जाता है?",
         ],
     );
+}
+
+/// Shapes learnt from the fourth independent development set
+/// (tests/detection/DEV3.md): dates of birth in more languages and said
+/// after the date, phones by their national shapes, lower-case and
+/// two-word streets, passwords said with the word's definite form, on
+/// command lines and in a Wi-Fi code, secrets given to flags, a
+/// passport's machine-readable zone, and values typed across an
+/// assistant's turn. New texts in the same shapes, not the set's own.
+#[test]
+fn identifiers_as_people_paste_them_from_the_fourth_development_set() {
+    finds(
+        "date-of-birth",
+        &[
+            "Resumen: Laila Haddad, من مواليد 5 أبريل 1988 في عمّان",
+            "verified caller, D.O.B. 21-Oct-1979, card ending 0042",
+            "Marta Kowalczyk · b. 17.06.1991 · Warsaw",
+            "Doğum tarihi: 19 Ağustos 1985, İzmir",
+            "जन्मतिथि 14 अगस्त 1990 है",
+            "Niño: Pablo Ortega. F. nac.: 02/11/2015",
+            "저는 1988년 7월 21일생입니다.",
+            "書類には「平成2年5月9日生」とあります",
+            "she was born on the 9th of June 1972 in Galway",
+            "Jan Dvořák, datum narození: 3. 9. 1979",
+            "Wnioskodawca Piotr Nowak, ur. 22.08.1990 w Gdańsku",
+        ],
+    );
+    misses(
+        "date-of-birth",
+        &[
+            "Meeting notes a. 12.03.2024 b. 19.03.2024",
+            "The seminar. 12.03.2024 at ten",
+            "Invoice dated 4 March 2024, due in 30 days",
+        ],
+    );
+    finds(
+        "passport",
+        &[
+            "P<DEUMUSTERMANN<<ERIKA<<<<<<<<<<<<<<<<<<<<<<\nC01X00T478D<<8503161M3001019<<<<<<<<<<<<<<04",
+        ],
+    );
+    finds(
+        "date-of-birth",
+        &["C01X00T478D<<8503161M3001019<<<<<<<<<<<<<<04"],
+    );
+    // One check digit wrong: a line of the same shape, not a passport's.
+    misses(
+        "passport",
+        &["C01X00T479D<<8503161M3001019<<<<<<<<<<<<<<04"],
+    );
+    finds(
+        "phone",
+        &[
+            "Cabinet du Dr Martin, tél. 02.98.41.77.30",
+            "كلمني على الواتس 0112 345 6789",
+            "官方热线 010-5873 2200 转 12",
+            "Text Sam on 0412 345 678 after six",
+            "Kargo için 0 (542) 318 77 41 numarasını arayın",
+            "Bitte anrufen: 030 901820",
+        ],
+    );
+    misses(
+        "phone",
+        &[
+            "Meine Bestellung Nr. 4090909681 ist unvollständig",
+            "Herinnering: factuur 2025-7731 staat nog open",
+            "Excellent quarter: 1234 5678 units shipped",
+        ],
+    );
+    finds(
+        "postal-address",
+        &[
+            "Grote Markt 7 bus 2\n8000 Brugge",
+            "ship to: 77 e grand ave suite 400 chicago il 60611",
+            "unit 3/42 beach rd bondi nsw 2026",
+            "Lieferadresse: Leipziger Str. 41, 10117 Berlin",
+            "ADR;TYPE=WORK:;;Hauptplatz 3;Graz;;8010;Austria",
+            "Bennelong Point, Sydney NSW 2000",
+        ],
+    );
+    misses(
+        "postal-address",
+        &[
+            "took 2 steps out of the way in 2021",
+            "Data Protection ACT 2018 applies",
+        ],
+    );
+    finds("iban", &["Rekening (afgebroken):\nNL44RABO01\n23456789"]);
+    finds(
+        "password",
+        &[
+            "Wi-Fi adı Ev_5G, şifresi Limon.2025!",
+            "Účet: sklad@firma, heslo je Modra-Ryba-17.",
+            "Login masz, a hasło to Kaczka_Gdynia9.",
+            "Larmet: lösenordet är Sill&Potatis42",
+            "यूज़रनेम admin और पासवर्ड है Neem@2025",
+            "اسم المستخدم a.karim وكلمة المرور هي Zaytoun#2025",
+            "mysql -h db -u app -p'Qx!7731ab' shop",
+            "sshpass -p 'Tr33-House!' ssh deploy@10.0.0.5",
+            "WIFI:T:WPA;S:Office_Guest;P:latte-art-88;;",
+            "kubectl get secret db -o jsonpath='{.data.password}' | base64 -d\nPg5-Main-71xq",
+            "DB_PASSWORD=${DB_PASSWORD:-Pr0d-S3cret!}",
+        ],
+    );
+    misses(
+        "password",
+        &[
+            "DB_PASSWORD=${DB_PASSWORD:-请替换}",
+            "log: `login ok user=jm password=********`. Is it masked?",
+            "mysql -u root -p shop",
+            "mysql -u app -p$MYSQL_PWD shop",
+            "WIFI:T:WPA;S:Office;P:<password>;;",
+        ],
+    );
+    finds(
+        "api-key",
+        &[r#"{"client_secret": "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"}"#],
+    );
+    finds(
+        "secret",
+        &[
+            "RUN some-cli login --token Zk82hQx7Lp0Vw3Ty9Rb5Nc1M && make",
+            r#"<meta-data android:name="com.example.MAPS_KEY" android:value="Qm8xV2kL9pR4tZ7wN3cY6bH1" />"#,
+        ],
+    );
+    misses(
+        "secret",
+        &["./run --token-file /etc/app/token.txt --verbose"],
+    );
+    // Typed across the assistant's turn.
+    let d = detector();
+    let across = |texts: [&str; 3]| d.scan(texts);
+    assert!(
+        across([
+            "Save my brother's number: 07700",
+            "Sure, the rest?",
+            "900 461 please"
+        ])
+        .contains(&"phone")
+    );
+    assert!(
+        across([
+            "For the age check: I was born 3 February",
+            "Which year?",
+            "1981, is that enough?"
+        ])
+        .contains(&"date-of-birth")
+    );
+    assert!(
+        across([
+            "my IBAN in two parts: DE44 5001 0517",
+            "Go on.",
+            "5407 3249 31"
+        ])
+        .contains(&"iban")
+    );
+    // The context in one part, the whole value in the other.
+    assert!(
+        across([
+            "For the form, my date of birth is",
+            "Go ahead.",
+            "14.03.1978"
+        ])
+        .contains(&"date-of-birth")
+    );
+    assert!(across(["I have 3 cats", "Nice!", "and 2 dogs born in 2019"]).is_empty());
 }

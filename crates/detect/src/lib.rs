@@ -146,6 +146,7 @@ impl Detector {
         let prepared = self.prepare(text);
         let mut found = BTreeSet::new();
         self.scan_one(&prepared, &mut found);
+        self.scan_broken_lines(&prepared, &mut found);
         // Each text alone: the classifier reads passages, and one spanning
         // two turns is no more confidential than its parts.
         if !found.contains(CONFIDENTIAL) && self.classifier_finds(&prepared) {
@@ -220,6 +221,32 @@ impl Detector {
         }
     }
 
+    /// A number a PDF's or a scan's copy broke over lines ("3201021991\n
+    /// 0726713X", "5764\n1242\n4368"): the text once more with each line
+    /// break between two digits taken out, for the kinds a check confirms.
+    /// A card and an Aadhaar, whose checks pass one number in ten, only
+    /// where the text names them: a column of years is no card.
+    fn scan_broken_lines(&self, text: &str, found: &mut BTreeSet<&'static str>) {
+        static BREAK: std::sync::LazyLock<Regex> = std::sync::LazyLock::new(|| {
+            Regex::new(r"(\d)[ \t]*\r?\n[ \t]*(\d)").expect("line breaks in numbers")
+        });
+        if !BREAK.is_match(text) {
+            return;
+        }
+        let joined = BREAK.replace_all(text, "$1$2");
+        for rule in &self.rules {
+            let checked = match rule.kind {
+                "iban" | "cn-resident-id" | "uk-nino" | "us-ssn" | "nhs-number" => true,
+                "payment-card" => CARD_WORDS.is_match(text),
+                "in-aadhaar" => AADHAAR_WORDS.is_match(text),
+                _ => false,
+            };
+            if checked && !found.contains(rule.kind) && matches(rule, &joined) {
+                found.insert(rule.kind);
+            }
+        }
+    }
+
     fn scan_rules(&self, text: &str, found: &mut BTreeSet<&'static str>) {
         let digits = must_hold::count(text);
         for rule in &self.rules {
@@ -265,6 +292,16 @@ fn head(text: &str) -> &str {
     &text[..end]
 }
 
+/// Words that name an Aadhaar, whose check passes one number in ten.
+static AADHAAR_WORDS: std::sync::LazyLock<Regex> =
+    std::sync::LazyLock::new(|| Regex::new(r"(?i)aadhaar|uidai|आधार").expect("aadhaar words"));
+
+/// Words that name a payment card, in the languages of the other rules.
+static CARD_WORDS: std::sync::LazyLock<Regex> = std::sync::LazyLock::new(|| {
+    Regex::new(r"(?i)card|karte|carte|tarjeta|cartão|carta|kart|visa|mastercard|amex|卡|カード|카드|कार्ड|بطاقة")
+        .expect("card words")
+});
+
 /// Numbers typed in parts across turns, with words between them ("it
 /// starts 4111 1111", "and ends 1111 1111"): consecutive runs of digits
 /// from more than one text (one text alone was scanned already) that
@@ -276,8 +313,6 @@ fn split_numbers(texts: &[String], joined: &str) -> Vec<&'static str> {
         std::sync::LazyLock::new(|| Regex::new(r"\d(?:[ .\-]?\d)*").expect("digit runs"));
     static NHS: std::sync::LazyLock<Regex> =
         std::sync::LazyLock::new(|| Regex::new(r"(?i)nhs|patient").expect("nhs words"));
-    static AADHAAR: std::sync::LazyLock<Regex> =
-        std::sync::LazyLock::new(|| Regex::new(r"(?i)aadhaar|uidai|आधार").expect("aadhaar words"));
     let runs: Vec<(usize, String)> = texts
         .iter()
         .enumerate()
@@ -286,7 +321,7 @@ fn split_numbers(texts: &[String], joined: &str) -> Vec<&'static str> {
                 .map(move |m| (i, m.as_str().chars().filter(char::is_ascii_digit).collect()))
         })
         .collect();
-    let (nhs_named, aadhaar_named) = (NHS.is_match(joined), AADHAAR.is_match(joined));
+    let (nhs_named, aadhaar_named) = (NHS.is_match(joined), AADHAAR_WORDS.is_match(joined));
     let mut found = Vec::new();
     for start in 0..runs.len() {
         let mut digits = String::new();

@@ -43,7 +43,34 @@ fn fold(c: char) -> char {
 }
 
 pub fn normalize(text: &str) -> String {
-    text.nfkc().filter(|c| !invisible(*c)).map(fold).collect()
+    let text: String = text.nfkc().filter(|c| !invisible(*c)).map(fold).collect();
+    if text.contains("-\n") {
+        rejoin(&text)
+    } else {
+        text
+    }
+}
+
+/// A word or number a PDF's or a scan's copy broke at a line's end with a
+/// hyphen ("Gneisenau-\nstraße 41", "Ber-\nlin", "772-40-\n5617"): a
+/// word goes back together, a number keeps its dash.
+fn rejoin(text: &str) -> String {
+    static BROKEN: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r"([\p{L}\d])-[ \t]*\r?\n[ \t]*([\p{Ll}\d])").expect("broken words")
+    });
+    BROKEN
+        .replace_all(text, |c: &regex::Captures| {
+            let digits = c[1].starts_with(|c: char| c.is_ascii_digit())
+                && c[2].starts_with(|c: char| c.is_ascii_digit());
+            if digits {
+                format!("{}-{}", &c[1], &c[2])
+            } else if c[2].starts_with(char::is_lowercase) {
+                format!("{}{}", &c[1], &c[2])
+            } else {
+                c[0].to_string()
+            }
+        })
+        .into_owned()
 }
 
 #[cfg(test)]
@@ -57,5 +84,17 @@ mod tests {
         assert_eq!(normalize("plain text"), "plain text");
         assert_eq!(normalize("٤١١١\u{2066}१२"), "411112");
         assert_eq!(normalize("12\u{2011}34\u{2212}5"), "12-34-5");
+    }
+
+    #[test]
+    fn words_and_numbers_broken_at_a_line_end_are_rejoined() {
+        assert_eq!(
+            normalize("Gneisenau-\nstraße 41, Ber-\nlin"),
+            "Gneisenaustraße 41, Berlin"
+        );
+        assert_eq!(normalize("SSN 772-40-\n5617"), "SSN 772-40-5617");
+        // A list's dash and a capital after the break are left alone.
+        assert_eq!(normalize("- one\n- two"), "- one\n- two");
+        assert_eq!(normalize("North-\nEast"), "North-\nEast");
     }
 }

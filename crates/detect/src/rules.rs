@@ -155,7 +155,7 @@ pub fn builtin() -> Vec<Rule> {
                 &bounded(r"[A-Za-z0-9]{6,9}"),
                 Some(v::passport_shape),
             ),
-            r"passport|reisepass|passeport|pasaporte|passaport|paspoort|pasaport|paszport|paspor|паспорт|पासपोर्ट|hộ chiếu|جواز السفر|护照|パスポート|여권",
+            r"passport|reisepass|passeport|pasaporte|passaport|paspoort|pasaport|paszport|paspor|паспорт|पासपोर्ट|hộ chiếu|جواز السفر|护照|パスポート|旅券|여권",
         ),
         with_context(
             rule(
@@ -309,6 +309,12 @@ pub fn builtin() -> Vec<Rule> {
             r"\bul\.\s{0,2}\p{Lu}[\p{L}\-]+(?:\s\p{Lu}[\p{L}\-]+)*\s\d{1,4}[a-z]?\b",
             None,
         ),
+        // A Russian street and house ("ул. Тверская, д. 18").
+        rule(
+            "postal-address",
+            r"(?:ул\.|улица|пр-т|проспект|пер\.|переулок)\s{0,2}\p{Lu}[\p{L}\-]+,?\s{1,2}(?:д\.|дом)\s{0,2}\d{1,4}",
+            None,
+        ),
         rule(
             "postal-address",
             r"(?i)\b(?:cad\.|caddesi|sok\.|sokak|sokağı|sk\.|bulvarı|blv\.|mah\.|mahallesi)\s{0,3}no\s?:\s?\d{1,5}",
@@ -357,7 +363,7 @@ pub fn builtin() -> Vec<Rule> {
                 r"(?i)(?:\d{1,4}[./\-年]\s?\d{1,2}[./\-月]\s?\d{1,4}日?|\d{1,2}\s{1,3}de\s{1,3}\p{L}{1,20}\s{1,3}de\s{1,3}\d{4}|\d{1,2}\.?(?:st|nd|rd|th)?(?:\s{1,3}of)?[\s\-/.]{1,3}[\p{L}\p{M}]{3,12}\.?,?[\s\-/.]{1,3}(?:1[89]|20)\d{2}|\d{4}년\s?\d{1,2}월\s?\d{1,2}일|(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?\s{1,3}\d{1,2}(?:st|nd|rd|th)?,?\s{1,3}\d{4})",
                 None,
             ),
-            r"born|birth|dob|d\.o\.b|birthday|geboren|geburt|geb\.|né le|née le|naissance|nacimiento|nació|f\.\s?nac|\bnac\.|nato il|nata il|nascita|nascimento|nascido|nascida|geboorte|född|født|fødd|urodzon|urodzenia|\bur\.|narozen|\bnar\.|rođen|syntyn|syntymä|doğum|рожден|родил|जन्म|ngày sinh|tanggal lahir|تاريخ الميلاد|مواليد|ولدت|ولد في|وُلد|出生|生日|生于|生年月日|생년월일|생일|출생",
+            r"born|birth|dob|d\.o\.b|birthday|geboren|geburt|geb\.|né le|née le|naissance|nacimiento|nació|f\.\s?nac|\bnac\.|nato il|nata il|nascita|nascimento|nascido|nascida|geboorte|född|født|fødd|urodzon|urodzenia|\bur\.|narozen|\bnar\.|rođen|syntyn|syntymä|doğum|рожден|родил|जन्म|डीओबी|ngày sinh|tanggal lahir|تاريخ الميلاد|مواليد|ولدت|ولد في|وُلد|出生|生日|生于|生年月日|생년월일|생일|출생",
         ),
         // Born, said after the date: "1995년 12월 3일생", "昭和35年2月14日生",
         // "1990年3月5日出生".
@@ -405,13 +411,25 @@ pub fn builtin() -> Vec<Rule> {
         ),
         rule(
             "ip-address",
-            r"(?i)\b(?:[0-9a-f]{1,4}:){7}[0-9a-f]{1,4}\b|\b(?:[0-9a-f]{1,4}:){1,6}:(?:[0-9a-f]{1,4}:?){1,6}\b",
+            r"(?i)(?:^|[^0-9a-f:])(?:[0-9a-f]{0,3}:)?(?:[0-9a-f]{1,4}:){7}[0-9a-f]{1,4}(?:[^0-9a-z:]|:[^0-9a-f]|:?$)|\b(?:[0-9a-f]{1,4}:){1,6}:(?:[0-9a-f]{1,4}:?){1,6}\b",
             None,
         ),
         rule(
             "mac-address",
-            r"(?i)\b[0-9a-f]{2}(?:[:\-][0-9a-f]{2}){5}\b",
+            // Not six pairs out of a longer run: a certificate's SHA-1
+            // fingerprint is twenty. A label's colon may come before it
+            // ("MAC-Adresse:e6:63:…", "MAC地址：3E-F6-…").
+            r"(?i)(?:^|[^0-9a-f:\-])(?:[0-9a-f]?[:\-])?([0-9a-f]{2}(?:[:\-][0-9a-f]{2}){5})(?:[^0-9a-z:\-]|[:\-][^0-9a-f]|[:\-]?$)",
             None,
+        ),
+        // Cisco's dotted form (3e4e.6bcc.ae89), after the word.
+        with_context(
+            rule(
+                "mac-address",
+                r"(?i)\b[0-9a-f]{4}\.[0-9a-f]{4}\.[0-9a-f]{4}\b",
+                None,
+            ),
+            r"\bmac\b",
         ),
         // Secrets: the providers' documented key formats.
         rule(
@@ -534,7 +552,7 @@ pub fn builtin() -> Vec<Rule> {
         ),
         rule(
             "secret",
-            r#"(?i)\b[a-z0-9_\-]{0,64}(?:secret|token|api_?key|apikey|access_?key|private_?key|auth_?key|credential|passphrase|_key|_pass)[a-z0-9_\-]{0,64}["']?\s*[=:]\s*["']?([^\s"'`,;]{16,512})"#,
+            r#"(?i)\b[a-z0-9_\-]{0,64}(?:secret|token|api_?key|apikey|access_?key|private_?key|auth_?key|credential|passphrase|_key|_pass)[a-z0-9_\-]{0,64}["']?[ \t]*[=:][ \t]*["']?([^\s"'`,;]{16,512})"#,
             Some(v::high_entropy),
         ),
         // A secret given to a command's flag (`--token hf_…`,

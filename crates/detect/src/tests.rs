@@ -648,6 +648,7 @@ fn no_rule_that_matches_a_text_is_skipped_for_it() {
         "dev.jsonl",
         "dev2.jsonl",
         "dev3.jsonl",
+        "dev4.jsonl",
         "heldout.jsonl",
         "heldout2.jsonl",
         "heldout3.jsonl",
@@ -983,4 +984,46 @@ fn identifiers_as_people_paste_them_from_the_fourth_development_set() {
         .contains(&"date-of-birth")
     );
     assert!(across(["I have 3 cats", "Nice!", "and 2 dogs born in 2019"]).is_empty());
+}
+
+/// Shapes learnt from the fifth independent development set
+/// (tests/detection/DEV4.md): numbers a PDF's or a scan's copy broke over
+/// lines, labels glued to a MAC address, a certificate's fingerprint that
+/// holds MAC- and IPv6-shaped runs, and a secret's name with nothing after
+/// it on its line.
+#[test]
+fn identifiers_broken_by_copies_from_the_fifth_development_set() {
+    finds("cn-resident-id", &["身份证号码：1101051949\n1231002X"]);
+    finds("in-aadhaar", &["Aadhaar No. :\n2345\n6789\n0124"]);
+    finds("payment-card", &["Kartennum-\nmer 4111 1111\n1111 1111"]);
+    finds("us-ssn", &["a Employee's SSN\n772-40-\n5617"]);
+    finds("postal-address", &["wohnhaft in der Gneisenau-\nstraße 41"]);
+    // Joined only where a card is named: a column of years is no card.
+    misses("payment-card", &["Jahre:\n2019\n2020\n2021\n2012"]);
+    finds(
+        "mac-address",
+        &[
+            "MAC-Adresse:e6:63:aa:0c:ce:8f",
+            "MAC地址：3E-F6-2F-04-C0-EE，连接",
+            "show mac address-table: 3e4e.6bcc.ae8a Gi1/0/3",
+        ],
+    );
+    misses(
+        "mac-address",
+        &["SHA-1 D0:2F:84:0E:92:7B:22:C8:25:78:5A:AD:EA:48:C3:09:A2:12:A7:DF"],
+    );
+    misses(
+        "ip-address",
+        &["SHA-1 D0:2F:84:0E:92:7B:22:C8:25:78:5A:AD:EA:48:C3:09:A2:12:A7:DF"],
+    );
+    finds("ip-address", &["IPv6:2001:db8:0:0:8:800:200c:417a"]);
+    misses(
+        "secret",
+        &["STRIPE_SECRET_KEY=\nSESSION_SECRET=change-me-later-please"],
+    );
+    finds("passport", &["旅券番号：TR1234567、国籍：日本"]);
+    finds(
+        "postal-address",
+        &["Адрес: г. Казань, ул. Баумана, д. 7, кв. 3"],
+    );
 }

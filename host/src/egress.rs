@@ -108,6 +108,11 @@ pub fn upstream_client() -> reqwest::Result<reqwest::Client> {
         .build()
 }
 
+/// The most body a guest's request may carry out of the node: a cloud
+/// call's body is a client request (`[limits] max_body_bytes`) in the
+/// upstream's format, far below this.
+const MAX_SENT_BODY: usize = 64 << 20;
+
 /// Send a request the guard let out through this thread's pool, with the
 /// guest's connect and first-byte timeouts.
 async fn send_pooled(
@@ -115,13 +120,26 @@ async fn send_pooled(
     request: http::Request<WasiBody>,
     options: Option<RequestOptions>,
 ) -> Result<http::Response<WasiBody>, HttpError> {
-    use http_body_util::{BodyDataStream, BodyExt, StreamBody};
+    use http_body_util::{BodyExt, Limited, StreamBody};
     use tokio_stream::StreamExt;
     let (parts, body) = request.into_parts();
+    // The whole body first, then one request: the guest writes it right
+    // after handing the request over, and a body in hand goes out with the
+    // head in one write (a streamed one took a write per chunk, and the
+    // upstream a wake-up for each).
+    let body = match Limited::new(body, MAX_SENT_BODY).collect().await {
+        Ok(body) => body.to_bytes(),
+        Err(error) => {
+            return Err(match error.downcast::<HttpError>() {
+                Ok(error) => *error,
+                Err(_) => HttpError::HttpRequestBodySize(Some(MAX_SENT_BODY as u64)),
+            });
+        }
+    };
     let request = client
         .request(parts.method, parts.uri.to_string())
         .headers(parts.headers)
-        .body(reqwest::Body::wrap_stream(BodyDataStream::new(body)));
+        .body(body);
     // The connect timeout bounds the wait for the head too when the guest
     // gave no first-byte timeout: a pooled connection skips the connect.
     let wait = options
@@ -452,6 +470,28 @@ mod tests {
     async fn send(hooks: &mut EgressHooks, url: &str) -> Result<(), HttpError> {
         let fut = hooks.send_request(request(url), None, Box::new(async { Ok(()) }));
         Box::into_pin(fut).await.map(|_| ())
+    }
+
+    /// The body is gathered before the request goes (one write with the
+    /// head), up to a cap: a guest that streams more is refused before
+    /// anything is sent (port 9 would refuse a connection; the error says
+    /// the body, not the connection).
+    #[tokio::test]
+    async fn a_body_over_the_cap_is_refused_before_sending() {
+        let mut hooks = hooks(true);
+        let chunk = Bytes::from(vec![b'a'; 1 << 20]);
+        let chunks = (0..=MAX_SENT_BODY >> 20)
+            .map(move |_| Ok::<_, HttpError>(hyper::body::Frame::data(chunk.clone())));
+        let body = http_body_util::StreamBody::new(tokio_stream::iter(chunks)).boxed_unsync();
+        let request = http::Request::post("http://127.0.0.1:9/v1/chat/completions")
+            .body(body)
+            .unwrap();
+        let fut = hooks.send_request(request, None, Box::new(async { Ok(()) }));
+        let result = Box::into_pin(fut).await.map(|_| ());
+        assert!(
+            matches!(result, Err(HttpError::HttpRequestBodySize(Some(n))) if n == MAX_SENT_BODY as u64),
+            "{result:?}"
+        );
     }
 
     #[tokio::test]

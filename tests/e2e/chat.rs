@@ -992,6 +992,34 @@ fn what_people_paste_stays_local_and_the_reason_says_what_was_found() {
                 "GİZLİ – yönetim kurulu satın almayı onayladı. İngilizceye çevirir misin?",
             ),
         ),
+        // Shapes learnt from the fourth and fifth development sets: a
+        // phone typed across the assistant's turn, an ID a PDF's copy
+        // broke over two lines, a Swedish password said with its article.
+        (
+            "phone",
+            vec![
+                user(format!(
+                    "{} save my sister's number: 07700",
+                    unique("canary-seam")
+                )),
+                json!({"role": "assistant", "content": "Sure, what's the rest?"}),
+                user("900 318, call her Niamh".to_string()),
+            ],
+        ),
+        (
+            "cn-resident-id",
+            pasted(
+                "canary-ocr",
+                "PDF 复制的合同断行了：\n公民身份号码：1101051949\n1231002X\n请还原成一行。",
+            ),
+        ),
+        (
+            "password",
+            pasted(
+                "canary-sv",
+                "Skriv en lapp till hundvakten: lösenordet är Kanel#2211, byt inte det.",
+            ),
+        ),
     ];
     let mut canaries = Vec::new();
     for (kind, messages) in cases {

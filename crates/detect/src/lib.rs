@@ -194,6 +194,22 @@ impl Detector {
                 let digit = |s: &str| s.bytes().any(|b| b.is_ascii_digit());
                 if digit(end) || digit(start) {
                     self.scan_rules(&format!("{end} {start}"), &mut found);
+                    // A token cut in two ("ghp_zXe3…" and "DhW3…", an
+                    // address's "tanaka.k" and "@example.com"): the parts
+                    // glued, for the kinds that are one unbroken token.
+                    let (end, start) = (end.trim_end(), start.trim_start());
+                    let token = |c: Option<char>| {
+                        c.is_some_and(|c| c.is_ascii_alphanumeric() || "_-.@".contains(c))
+                    };
+                    if token(end.chars().last()) && token(start.chars().next()) {
+                        self.scan_kinds(&format!("{end}{start}"), &mut found, |kind| {
+                            matches!(kind, "api-key" | "jwt" | "email")
+                        });
+                    }
+                } else if end.trim_end().ends_with('@') || start.trim_start().starts_with('@') {
+                    // An address cut at its '@' may hold no digit at all.
+                    let glued = format!("{}{}", end.trim_end(), start.trim_start());
+                    self.scan_kinds(&glued, &mut found, |kind| kind == "email");
                 }
             }
         }
@@ -221,27 +237,39 @@ impl Detector {
         }
     }
 
-    /// A number a PDF's or a scan's copy broke over lines ("3201021991\n
-    /// 0726713X", "5764\n1242\n4368"): the text once more with each line
-    /// break between two digits taken out, for the kinds a check confirms.
-    /// A card and an Aadhaar, whose checks pass one number in ten, only
-    /// where the text names them: a column of years is no card.
+    /// A number a PDF's or a scan's copy broke over lines ("4111 1111\n
+    /// 1111 1111", "5764\n1242\n4368"): the text once more with each line
+    /// break between two digits made a space, for the kinds a check
+    /// confirms, and once with it taken out for a resident ID, which is
+    /// written solid ("3201021991\n0726713X"). A card and an Aadhaar, whose
+    /// checks pass one number in ten, only where the text names them: a
+    /// column of years is no card.
     fn scan_broken_lines(&self, text: &str, found: &mut BTreeSet<&'static str>) {
-        static BREAK: std::sync::LazyLock<Regex> = std::sync::LazyLock::new(|| {
-            Regex::new(r"(\d)[ \t]*\r?\n[ \t]*(\d)").expect("line breaks in numbers")
-        });
-        if !BREAK.is_match(text) {
+        let Some(spaced) = join_broken_numbers(text, " ") else {
             return;
+        };
+        self.scan_kinds(&spaced, found, |kind| match kind {
+            "iban" | "uk-nino" | "us-ssn" | "nhs-number" => true,
+            "payment-card" => CARD_WORDS.is_match(text),
+            "in-aadhaar" => AADHAAR_WORDS.is_match(text),
+            _ => false,
+        });
+        if !found.contains("cn-resident-id")
+            && let Some(solid) = join_broken_numbers(text, "")
+        {
+            self.scan_kinds(&solid, found, |kind| kind == "cn-resident-id");
         }
-        let joined = BREAK.replace_all(text, "$1$2");
+    }
+
+    /// The rules of the kinds `wanted` takes, over `text`.
+    fn scan_kinds(
+        &self,
+        text: &str,
+        found: &mut BTreeSet<&'static str>,
+        wanted: impl Fn(&str) -> bool,
+    ) {
         for rule in &self.rules {
-            let checked = match rule.kind {
-                "iban" | "cn-resident-id" | "uk-nino" | "us-ssn" | "nhs-number" => true,
-                "payment-card" => CARD_WORDS.is_match(text),
-                "in-aadhaar" => AADHAAR_WORDS.is_match(text),
-                _ => false,
-            };
-            if checked && !found.contains(rule.kind) && matches(rule, &joined) {
+            if !found.contains(rule.kind) && wanted(rule.kind) && matches(rule, text) {
                 found.insert(rule.kind);
             }
         }
@@ -292,40 +320,78 @@ fn head(text: &str) -> &str {
     &text[..end]
 }
 
+/// `text` with each line break that has a digit on both sides (spaces
+/// and tabs around it included) replaced by `with`; `None` without one.
+fn join_broken_numbers(text: &str, with: &str) -> Option<String> {
+    static BREAK: std::sync::LazyLock<Regex> =
+        std::sync::LazyLock::new(|| Regex::new(r"[ \t]*\r?\n[ \t]*").expect("line breaks"));
+    let bytes = text.as_bytes();
+    let mut joined = String::new();
+    let mut copied = 0;
+    for m in BREAK.find_iter(text) {
+        let digit_before = m.start() > 0 && bytes[m.start() - 1].is_ascii_digit();
+        let digit_after = bytes.get(m.end()).is_some_and(u8::is_ascii_digit);
+        if digit_before && digit_after {
+            joined.push_str(&text[copied..m.start()]);
+            joined.push_str(with);
+            copied = m.end();
+        }
+    }
+    if copied == 0 {
+        return None;
+    }
+    joined.push_str(&text[copied..]);
+    Some(joined)
+}
+
 /// Words that name an Aadhaar, whose check passes one number in ten.
 static AADHAAR_WORDS: std::sync::LazyLock<Regex> =
     std::sync::LazyLock::new(|| Regex::new(r"(?i)aadhaar|uidai|आधार").expect("aadhaar words"));
 
 /// Words that name a payment card, in the languages of the other rules.
 static CARD_WORDS: std::sync::LazyLock<Regex> = std::sync::LazyLock::new(|| {
-    Regex::new(r"(?i)card|karte|carte|tarjeta|cartão|carta|kart|visa|mastercard|amex|卡|カード|카드|कार्ड|بطاقة")
+    Regex::new(r"(?i)\b(?:cards?|credit|debit|cc|karten?\w*|carte|tarjeta|cartão|carta|kart|karta|kort|kaart|карта|kártya|κάρτα|thẻ|visa|mastercard|amex)\b|卡|カード|카드|कार्ड|بطاقة")
         .expect("card words")
 });
 
 /// Numbers typed in parts across turns, with words between them ("it
 /// starts 4111 1111", "and ends 1111 1111"): consecutive runs of digits
 /// from more than one text (one text alone was scanned already) that
-/// together make a card (13–19 digits, Luhn), an NHS number (10, mod 11)
-/// or an Aadhaar (12, Verhoeff) — the last two only when the conversation
-/// names them, as their checksums pass one number in ten.
+/// together make a card (13–19 digits, Luhn), an NHS number (10, mod 11),
+/// an Aadhaar (12, Verhoeff), a US SSN (9) or a Chinese resident ID (18,
+/// its check) — all but the card only when the conversation names them,
+/// as their checks pass many numbers.
 fn split_numbers(texts: &[String], joined: &str) -> Vec<&'static str> {
+    // A Chinese resident ID may end in X.
     static RUN: std::sync::LazyLock<Regex> =
-        std::sync::LazyLock::new(|| Regex::new(r"\d(?:[ .\-]?\d)*").expect("digit runs"));
+        std::sync::LazyLock::new(|| Regex::new(r"\d(?:[ .\-]?\d)*[Xx]?").expect("digit runs"));
+    static SSN: std::sync::LazyLock<Regex> =
+        std::sync::LazyLock::new(|| Regex::new(r"(?i)\bssn\b|social security").expect("ssn words"));
+    static CN_ID: std::sync::LazyLock<Regex> = std::sync::LazyLock::new(|| {
+        Regex::new(r"身份证|身份號|公民身份|居民身份|(?i)resident id").expect("resident id words")
+    });
     static NHS: std::sync::LazyLock<Regex> =
         std::sync::LazyLock::new(|| Regex::new(r"(?i)nhs|patient").expect("nhs words"));
     let runs: Vec<(usize, String)> = texts
         .iter()
         .enumerate()
         .flat_map(|(i, t)| {
-            RUN.find_iter(t)
-                .map(move |m| (i, m.as_str().chars().filter(char::is_ascii_digit).collect()))
+            RUN.find_iter(t).map(move |m| {
+                let value = |c: &char| c.is_ascii_digit() || *c == 'X' || *c == 'x';
+                (i, m.as_str().chars().filter(value).collect())
+            })
         })
         .collect();
     let (nhs_named, aadhaar_named) = (NHS.is_match(joined), AADHAAR_WORDS.is_match(joined));
+    let (ssn_named, cn_named) = (SSN.is_match(joined), CN_ID.is_match(joined));
     let mut found = Vec::new();
     for start in 0..runs.len() {
         let mut digits = String::new();
         for (text, run) in &runs[start..] {
+            // An X ends a resident ID only: nothing may follow it.
+            if digits.ends_with(['X', 'x']) {
+                break;
+            }
             digits.push_str(run);
             // Beyond 19 digits no longer run can be one: linear overall.
             if digits.len() > 19 {
@@ -334,11 +400,21 @@ fn split_numbers(texts: &[String], joined: &str) -> Vec<&'static str> {
             if *text == runs[start].0 {
                 continue;
             }
+            if digits.ends_with(['X', 'x']) {
+                if digits.len() == 18 && cn_named && validate::cn_resident_id(&digits) {
+                    found.push("cn-resident-id");
+                }
+                continue;
+            }
             match digits.len() {
                 13..=19 if validate::luhn(&digits) => found.push("payment-card"),
                 10 if nhs_named && validate::nhs(&digits) => found.push("nhs-number"),
                 12 if aadhaar_named && validate::verhoeff(&digits) => found.push("in-aadhaar"),
+                9 if ssn_named && validate::ssn(&digits) => found.push("us-ssn"),
                 _ => {}
+            }
+            if digits.len() == 18 && cn_named && validate::cn_resident_id(&digits) {
+                found.push("cn-resident-id");
             }
         }
     }

@@ -44,7 +44,7 @@ fn fold(c: char) -> char {
 
 pub fn normalize(text: &str) -> String {
     let text: String = text.nfkc().filter(|c| !invisible(*c)).map(fold).collect();
-    if text.contains("-\n") {
+    if text.contains('\n') && text.contains('-') {
         rejoin(&text)
     } else {
         text
@@ -53,19 +53,24 @@ pub fn normalize(text: &str) -> String {
 
 /// A word or number a PDF's or a scan's copy broke at a line's end with a
 /// hyphen ("Gneisenau-\nstraße 41", "Ber-\nlin", "772-40-\n5617"): a
-/// word goes back together, a number keeps its dash.
+/// word goes back together, a number keeps its dash; anything else (a
+/// number then a word, hex) is left as it is.
 fn rejoin(text: &str) -> String {
     static BROKEN: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
-        regex::Regex::new(r"([\p{L}\d])-[ \t]*\r?\n[ \t]*([\p{Ll}\d])").expect("broken words")
+        regex::Regex::new(r"(\p{L}-|\d-)[ \t]*\r?\n[ \t]*(\p{Ll}|\d)").expect("broken words")
     });
+    if !BROKEN.is_match(text) {
+        return text.to_string();
+    }
     BROKEN
         .replace_all(text, |c: &regex::Captures| {
-            let digits = c[1].starts_with(|c: char| c.is_ascii_digit())
-                && c[2].starts_with(|c: char| c.is_ascii_digit());
-            if digits {
-                format!("{}-{}", &c[1], &c[2])
-            } else if c[2].starts_with(char::is_lowercase) {
-                format!("{}{}", &c[1], &c[2])
+            let (before, after) = (&c[1][..c[1].len() - 1], &c[2]);
+            let digit = |s: &str| s.starts_with(|c: char| c.is_ascii_digit());
+            let letter = |s: &str| s.starts_with(char::is_alphabetic);
+            if digit(before) && digit(after) {
+                format!("{before}-{after}")
+            } else if letter(before) && letter(after) {
+                format!("{before}{after}")
             } else {
                 c[0].to_string()
             }
@@ -96,5 +101,8 @@ mod tests {
         // A list's dash and a capital after the break are left alone.
         assert_eq!(normalize("- one\n- two"), "- one\n- two");
         assert_eq!(normalize("North-\nEast"), "North-\nEast");
+        assert_eq!(normalize("SSN 772-40-\r\n5617"), "SSN 772-40-5617");
+        // A number then a word, and hex, keep their hyphen and break.
+        assert_eq!(normalize("1111-\nbitte"), "1111-\nbitte");
     }
 }

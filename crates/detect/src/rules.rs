@@ -161,11 +161,12 @@ pub fn builtin() -> Vec<Rule> {
             rule(
                 "bank-account",
                 // Solid (up to 18: Mexico's CLABE, India's longest), or in
-                // groups as banks print them (Korea's 110-123-456789).
+                // groups as banks print them (Korea's 110-123-456789, a
+                // Chinese 8886 2698 3351).
                 // Not after a dash either: the tail of a date ("…-10-2023")
                 // is not one.
                 &format!(
-                    r"(?:^|[^0-9A-Za-z\-])(\d{{2}}-\d{{2}}-\d{{2}}|\d{{2,6}}(?:-\d{{2,8}}){{1,3}}|\d{{6,18}}){E}"
+                    r"(?:^|[^0-9A-Za-z\-])(\d{{2}}-\d{{2}}-\d{{2}}|\d{{2,6}}(?:-\d{{2,8}}){{1,3}}|\d{{3,6}}(?: \d{{3,6}}){{1,4}}|\d{{6,18}}){E}"
                 ),
                 Some(not_a_date),
             ),
@@ -214,10 +215,11 @@ pub fn builtin() -> Vec<Rule> {
         with_context(
             rule(
                 "phone",
-                &bounded(r"\(?\d{2,5}\)?[ .\-/]?\d{2,4}[ .\-]?\d{2,4}(?:[ .\-]?\d{2,4})?"),
+                // Middle dots too, as Japanese cards print them (03・7447・0155).
+                &bounded(r"\(?\d{2,5}\)?[ .\-/・·]?\d{2,4}[ .\-・·]?\d{2,4}(?:[ .\-・·]?\d{2,4})?"),
                 Some(phone_not_date),
             ),
-            r"phone|\btel\b|\btelf\b|telnr|tél|call|mobile|\bmobil\b|\bcell|\bring\b|whatsapp|signal|fax|telefon|téléphone|teléfono|handy|portable|móvil|celular|cellulare|ll[aá]m|\bbel(?:len)?\b|\bruf\b|rufnummer|anruf|erreichen|aray[ıi]n|\bchama\b|\bzap\b|\bligue?\b|电话|手机|联系|热线|座机|電話|携帯|전화|휴대폰|핸드폰|телефон|мобильн|फ़ोन|फोन|அழை|مو?بايل|هاتف|واتس|اتصل",
+            r"phone|(?:^|[^a-z])tel(?:[eé]?f|no|nr)?(?:[^a-zé]|$)|tél|call|mobile|\bmobil\b|\bcell|\bring(?:e|a|er|es)?\b|whatsapp|signal|fax|telefon|téléphone|teléfono|handy|portable|móvil|celular|cellulare|ll[aá]m|\bbel(?:len)?\b|\bruf\b|rufnummer|anruf|erreichen|aray[ıi]n|\bchama\b|\bzap\b|\bligue?\b|电话|手机|联系|热线|座机|電話|携帯|전화|휴대폰|핸드폰|телефон|мобильн|फ़ोन|फोन|அழை|مو?بايل|هاتف|واتس|اتصل",
         ),
         // Addresses: a house number and a capitalised street name ("221B
         // Baker Street"; "the square" in a sentence is not one), a UK postcode, a
@@ -298,7 +300,7 @@ pub fn builtin() -> Vec<Rule> {
         // a US or Australian state and its postcode.
         rule(
             "postal-address",
-            r"(?i)\b\d{1,5}[a-z]?(?:/\d{1,5}[a-z]?)?\s{1,3}(?:[nsew]\.?\s{1,3})?(?:[a-z][a-z'\-]{1,30}\s{1,3}){1,3}(?:st|street|ave|avenue|rd|road|blvd|boulevard|dr|drive|ln|lane|ct|court|pl|place|pde|parade|cres|crescent|hwy|highway|tce|terrace)\b\.?[^\n]{0,60}?\b(?:AL|AK|AZ|AR|CA|CO|CT|DE|FL|GA|HI|ID|IL|IN|IA|KS|KY|LA|ME|MD|MA|MI|MN|MS|MO|MT|NE|NV|NH|NJ|NM|NY|NC|ND|OH|OK|OR|PA|RI|SC|SD|TN|TX|UT|VT|VA|WA|WV|WI|WY|DC|NSW|VIC|QLD|SA|TAS|ACT|NT|victoria|queensland|tasmania|new south wales),?\s{1,3}\d{4,5}(?:-\d{4})?\b",
+            r"(?i)\b\d{1,5}[a-z]?(?:/\d{1,5}[a-z]?)?\s{1,3}(?:[nsew]\.?\s{1,3})?(?:[a-z][a-z'\-]{1,30}\s{1,3}){1,3}(?:st|street|ave|avenue|rd|road|blvd|boulevard|dr|drive|ln|lane|ct|court|pl|place|pde|parade|cres|crescent|hwy|highway|tce|terrace)\b\.?[^\n]{0,60}?\b(?:(?:AL|AK|AZ|AR|CA|CO|CT|DE|FL|GA|HI|ID|IL|IN|IA|KS|KY|LA|ME|MD|MA|MI|MN|MS|MO|MT|NE|NV|NH|NJ|NM|NY|NC|ND|OH|OK|OR|PA|RI|SC|SD|TN|TX|UT|VT|VA|WA|WV|WI|WY|DC),?\s{1,3}\d{5}(?:-\d{4})?|(?:NSW|VIC|QLD|SA|TAS|ACT|NT|victoria|queensland|tasmania|new south wales),?\s{1,3}\d{4})\b",
             None,
         ),
         // A Polish street (ul. Marszałkowska 115 m. 24), a Turkish one
@@ -356,12 +358,13 @@ pub fn builtin() -> Vec<Rule> {
         // Korean, English "March 3rd, 1990", and a day, a word and a year
         // in any language and separator ("7 Mayıs 1992", "12 مارس 1979",
         // "3 मार्च 1987", "04-Mar-1985", "the 2nd of May 1961"): after a
-        // birth word, the word between a day and a year is a month.
+        // birth word, the word between a day and a year is a month (not a
+        // range's "and": "born between 1981 and 1996").
         with_context(
             rule(
                 "date-of-birth",
-                r"(?i)(?:\d{1,4}[./\-年]\s?\d{1,2}[./\-月]\s?\d{1,4}日?|\d{1,2}\s{1,3}de\s{1,3}\p{L}{1,20}\s{1,3}de\s{1,3}\d{4}|\d{1,2}\.?(?:st|nd|rd|th)?(?:\s{1,3}of)?[\s\-/.]{1,3}[\p{L}\p{M}]{3,12}\.?,?[\s\-/.]{1,3}(?:1[89]|20)\d{2}|\d{4}년\s?\d{1,2}월\s?\d{1,2}일|(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?\s{1,3}\d{1,2}(?:st|nd|rd|th)?,?\s{1,3}\d{4})",
-                None,
+                r"(?i)(?:\d{1,4}[./\-年]\s?\d{1,2}[./\-月]\s?\d{1,4}日?|\d{1,2}\s{1,3}de\s{1,3}\p{L}{1,20}\s{1,3}de\s{1,3}\d{4}|(?:^|[^0-9])(?:0?[1-9]|[12]\d|3[01])\.?(?:st|nd|rd|th)?(?:\s{1,3}of)?[\s\-/.]{1,3}[\p{L}\p{M}]{3,12}\.?,?[\s\-/.]{1,3}(?:1[89]|20)\d{2}|\d{4}년\s?\d{1,2}월\s?\d{1,2}일|(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?\s{1,3}\d{1,2}(?:st|nd|rd|th)?,?\s{1,3}\d{4})",
+                Some(not_a_range),
             ),
             r"born|birth|dob|d\.o\.b|birthday|geboren|geburt|geb\.|né le|née le|naissance|nacimiento|nació|f\.\s?nac|\bnac\.|nato il|nata il|nascita|nascimento|nascido|nascida|geboorte|född|født|fødd|urodzon|urodzenia|\bur\.|narozen|\bnar\.|rođen|syntyn|syntymä|doğum|рожден|родил|जन्म|डीओबी|ngày sinh|tanggal lahir|تاريخ الميلاد|مواليد|ولدت|ولد في|وُلد|出生|生日|生于|生年月日|생년월일|생일|출생",
         ),
@@ -411,7 +414,7 @@ pub fn builtin() -> Vec<Rule> {
         ),
         rule(
             "ip-address",
-            r"(?i)(?:^|[^0-9a-f:])(?:[0-9a-f]{0,3}:)?(?:[0-9a-f]{1,4}:){7}[0-9a-f]{1,4}(?:[^0-9a-z:]|:[^0-9a-f]|:?$)|\b(?:[0-9a-f]{1,4}:){1,6}:(?:[0-9a-f]{1,4}:?){1,6}\b",
+            r"(?i)(?:^|[^0-9a-f:])(?:[0-9a-f]*:)?(?:[0-9a-f]{1,4}:){7}[0-9a-f]{1,4}(?:[^0-9a-z:]|:[^0-9a-f]|:?$)|\b(?:[0-9a-f]{1,4}:){1,6}:(?:[0-9a-f]{1,4}:?){1,6}\b",
             None,
         ),
         rule(
@@ -419,7 +422,7 @@ pub fn builtin() -> Vec<Rule> {
             // Not six pairs out of a longer run: a certificate's SHA-1
             // fingerprint is twenty. A label's colon may come before it
             // ("MAC-Adresse:e6:63:…", "MAC地址：3E-F6-…").
-            r"(?i)(?:^|[^0-9a-f:\-])(?:[0-9a-f]?[:\-])?([0-9a-f]{2}(?:[:\-][0-9a-f]{2}){5})(?:[^0-9a-z:\-]|[:\-][^0-9a-f]|[:\-]?$)",
+            r"(?i)(?:^|[^0-9a-f:\-])(?:[0-9a-f]*[:\-])?([0-9a-f]{2}(?:[:\-][0-9a-f]{2}){5})(?:[^0-9a-z:\-]|[:\-][^0-9a-f]|[:\-]?$)",
             None,
         ),
         // Cisco's dotted form (3e4e.6bcc.ae89), after the word.
@@ -555,6 +558,14 @@ pub fn builtin() -> Vec<Rule> {
             r#"(?i)\b[a-z0-9_\-]{0,64}(?:secret|token|api_?key|apikey|access_?key|private_?key|auth_?key|credential|passphrase|_key|_pass)[a-z0-9_\-]{0,64}["']?[ \t]*[=:][ \t]*["']?([^\s"'`,;]{16,512})"#,
             Some(v::high_entropy),
         ),
+        // A secret's name at a line's end and the value alone on the next
+        // (`client_secret:\n  9f8e…`, "my access token:\n EAAG…"); an empty
+        // setting before another (`KEY=\nOTHER=…`) is not one.
+        rule(
+            "secret",
+            r#"(?i)\b[a-z0-9_\-]{0,64}(?:secret|token|api_?key|apikey|access_?key|private_?key|auth_?key|credential|passphrase|_key|_pass)[a-z0-9_\-]{0,64}["']?[ \t]*[=:][ \t]*\r?\n[ \t]*["']?([^\s"'`,;=:]{16,512}=*)["']?[ \t]*(?:\r?\n|$)"#,
+            Some(v::high_entropy),
+        ),
         // A secret given to a command's flag (`--token hf_…`,
         // `--api-key=…`) or an Android manifest's value under a key's name.
         rule(
@@ -656,6 +667,16 @@ fn is_dated(s: &str) -> bool {
     }
 }
 
+/// A day, a word and a year whose word joins two numbers rather than
+/// naming a month ("between 2 and 2019", "1 to 2020").
+fn not_a_range(s: &str) -> bool {
+    const JOINING: &[&str] = &[
+        "and", "und", "och", "oder", "bis", "till", "tot", "per", "from", "to", "or", "und",
+    ];
+    !s.split(|c: char| !c.is_alphabetic())
+        .any(|word| JOINING.contains(&word.to_lowercase().as_str()))
+}
+
 /// Groups of digits that are a date with its year ("opened 2023-10-05",
 /// "05-10-2023") are not an account number. (A sort code, 12-34-56, has
 /// no year and stays one.)
@@ -697,7 +718,11 @@ fn assigned_password(s: &str) -> bool {
     // A shell's default (`${DB_PASSWORD:-Pr0d-S3cret!}`, the rule finding
     // the colon): the default is the password, if it reads as one
     // (`${DB_PASSWORD:-请替换}`, "please replace", does not).
-    if let Some((default, _)) = s.strip_prefix('-').and_then(|d| d.split_once('}')) {
+    // What follows the brace must not go on with the value:
+    // "password: -Kp}7#zQ" is a password.
+    if let Some((default, rest)) = s.strip_prefix('-').and_then(|d| d.split_once('}'))
+        && !rest.starts_with(|c: char| c.is_ascii_graphic())
+    {
         return said_password(default);
     }
     let (value, next) = match s.split_once([' ', '\t']) {

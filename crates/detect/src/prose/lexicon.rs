@@ -241,6 +241,11 @@ static LEXICON: LazyLock<Lexicon> = LazyLock::new(|| {
 static NOT_CONFIDENTIAL: LazyLock<Regex> = LazyLock::new(|| {
     // A marking word in quotes.
     const QUOTED: &str = r#"['"‘“«„]\s?(?:confidential|vertraulich|streng\ geheim|confidentiel(?:le)?|confidencial|riservato|internal\ only|usage\ interne|uso\ interno)\s?['"’”»“]"#;
+    // Two or more classification levels, each in quotes of any script,
+    // joined as a question joins them: 「社外秘」と「極秘」, "Hemlig"
+    // jämfört med "Konfidentiell", "سري" و"سري للغاية" — levels asked
+    // about, not a document's own.
+    const ASKED: &str = r#"['"‘“«„「『]\s?(?:(?:strictly\ |highly\ )?confidential|internal(?:\ only)?|(?:top\ )?secret|restricted|(?:streng\ )?vertraulich|(?:streng\ )?geheim|confidentiel(?:le)?|confidencial|riservat[oa]|riservatissimo|(?:kvalificerat\ )?hemlig|konfidentiell|poufne|(?:ściśle\ )?tajne|社外秘|極秘|部外秘|関係者外秘|机密|秘密|绝密|대외비|극비|기밀|비밀|سري(?:\ للغاية|\ جدا)?|गोपनीय|(?:çok\ )?gizli)\s?['"’”»“」』]"#;
     const LEVEL: &str = r"public|internal(?:\ (?:use\ )?only)?|restricted|(?:highly\ |strictly\ )?confidential|(?:top\ )?secret|unclassified|classified|official";
     Regex::new(
         &r#"(?ix)
@@ -257,7 +262,9 @@ static NOT_CONFIDENTIAL: LazyLock<Regex> = LazyLock::new(|| {
         | \b(?:LEVEL)(?:\s?[,/]\s?(?:LEVEL))+,?\s(?:and|or|&|und|oder|et|ou|y|o|e|en|of)\s(?:LEVEL)\b
         | may\ contain\ (?:confidential|privileged)(?:\ and(?:/or)?\ (?:confidential|privileged))?\ information
         | l\.a\.\ confidential
+        | ASKED(?:\s?(?:,|、|と|和|与|及|과|와|및|و|och|jämfört\ med|vs\.?|versus|and|or|und|oder|et|ou|y|o|e|en|i|a|ve|или|и)\s?ASKED)+
         "#
+        .replace("ASKED", ASKED)
         .replace("QUOTED", QUOTED)
         .replace("LEVEL", LEVEL),
     )
@@ -340,6 +347,8 @@ mod tests {
     #[test]
     fn markings_stay_markings_and_mentions_do_not_count() {
         for marked in [
+            "「社外秘」来期の組織再編について",
+            "\"سري للغاية\": خطة الاستحواذ",
             "Ce document est « confidentiel » : ne le transmettez à personne.",
             "Bitte „vertraulich“ behandeln: die Zahlen für Q3",
             "This memo is “Confidential”. The board will close the plant.",
@@ -358,6 +367,9 @@ mod tests {
             assert!(score(marked) >= 1.0, "{marked}: {}", score(marked));
         }
         for mentioned in [
+            "「社外秘」と「極秘」の違いを教えてください。",
+            "Vad betyder \"Hemlig\" jämfört med \"Konfidentiell\"?",
+            "ما الفرق بين \"سري\" و\"سري للغاية\"؟",
             "Should I mark this newsletter as 'confidential'?",
             "Translate « confidentiel » for the glossary.",
             "Was bedeutet der Vermerk „vertraulich“ auf einem Brief?",

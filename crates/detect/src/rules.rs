@@ -97,7 +97,10 @@ pub fn builtin() -> Vec<Rule> {
         // Structured identifiers.
         rule(
             "email",
-            r"(?i)\b[a-z0-9._%+-]{1,64}@[a-z0-9.-]{1,255}\.[a-z]{2,24}\b",
+            // Letters of any script before and after the '@'
+            // (jürgen.weiß@…, contact@café.example.org); `+`, not a
+            // counted repeat, for the automaton's size (see below).
+            r"(?i)\b[\p{L}\p{N}._%+-]+@[\p{L}\p{N}.-]+\.[a-z]{2,24}\b",
             None,
         ),
         rule(
@@ -136,6 +139,12 @@ pub fn builtin() -> Vec<Rule> {
             ),
             Some(v::cn_resident_id),
         ),
+        // As OCR spaces it, in fours: 4201 0619 6308 0361 30.
+        rule(
+            "cn-resident-id",
+            &bounded(r"\d{4}(?: \d{4}){3} \d[\dXx]"),
+            Some(v::cn_resident_id),
+        ),
         rule(
             "in-aadhaar",
             &bounded(r"[2-9]\d{3}[ \-]?\d{4}[ \-]?\d{4}"),
@@ -147,7 +156,17 @@ pub fn builtin() -> Vec<Rule> {
                 &bounded(r"[A-Z]{2} ?[0-9A-Z](?:[ .\-]?[0-9A-Z]){7,12}"),
                 Some(v::eu_vat),
             ),
-            r"vat|ust|mwst|tva|iva|btw|moms|nif|tax|steuer|增值税|税号",
+            r"vat|ust|mwst|tva|iva|btw|moms|nif|nip|\buid|tax|steuer|增值税|税号",
+        ),
+        // In lower case ("vat no: fr13371104993"): a separator only before
+        // a digit, so the next word is not taken into it.
+        with_context(
+            rule(
+                "eu-vat",
+                &bounded(r"[a-z]{2} ?[0-9a-z](?:[ .\-]?[0-9]|[a-z]){7,12}"),
+                Some(v::eu_vat),
+            ),
+            r"vat|ust|mwst|tva|iva|btw|moms|nif|nip|\buid|tax|steuer|增值税|税号",
         ),
         with_context(
             rule(
@@ -162,20 +181,17 @@ pub fn builtin() -> Vec<Rule> {
                 "bank-account",
                 // Solid (up to 18: Mexico's CLABE, India's longest), or in
                 // groups as banks print them (Korea's 110-123-456789, a
-                // Chinese 8886 2698 3351).
+                // Chinese 8886 2698 3351, Brazil's 86810-6 with its check
+                // digit, Poland's 02 2444 … in 4s, Czechia's 6472346349/5500
+                // with the bank's code).
                 // Not after a dash either: the tail of a date ("…-10-2023")
                 // is not one.
                 &format!(
-                    r"(?:^|[^0-9A-Za-z\-])(\d{{2}}-\d{{2}}-\d{{2}}|\d{{2,6}}(?:-\d{{2,8}}){{1,3}}|\d{{3,6}}(?: \d{{3,6}}){{1,4}}|\d{{6,18}}){E}"
+                    r"(?:^|[^0-9A-Za-z\-])(\d{{2}}-\d{{2}}-\d{{2}}|\d{{2,6}}(?:-\d{{1,8}}){{1,3}}|\d{{3,6}}(?: \d{{3,6}}){{1,4}}|\d{{2}}(?: \d{{4}}){{6}}|(?:\d{{1,6}}-)?\d{{2,10}}/\d{{4}}|\d{{6,26}}){E}"
                 ),
                 Some(not_a_date),
             ),
-            r"sort[ _\-]?code|account[ _\-]?(?:number|no|#)|acct|a/c|acc\.? no|bank[ _\-]?account|routing|bsb|clabe|transit number|kontonummer|kontonr|konto|rekeningnummer|numéro de compte|número de cuenta|numero di conto|conto corrente|número da conta|conta corrente|hesap numarası|счёт|счет|口座番号|口座|계좌번호|계좌|账号|账户",
-        ),
-        // An Indian bank branch (IFSC: four letters, a zero, six more).
-        with_context(
-            rule("bank-account", &bounded(r"[A-Z]{4}0[A-Z0-9]{6}"), None),
-            r"ifsc",
+            r"sort[ _\-]?code|account[ _\-]?(?:number|no|#)|acct|a/c|acc\.? no|bank[ _\-]?account|routing|bsb|clabe|transit number|kontonummer|kontonr|konto|rekeningnummer|numéro de compte|número de cuenta|numero di conto|conto corrente|número da conta|conta corrente|hesap numarası|rachun|numer konta|číslo účtu|účtu|účet|счёт|счет|رقم الحساب|الحساب البنكي|口座番号|口座|계좌번호|계좌|账号|账户",
         ),
         with_context(
             rule("bank-account", &bounded(r"\d{9}"), Some(v::aba)),
@@ -185,7 +201,8 @@ pub fn builtin() -> Vec<Rule> {
         // North American, and national formats after a phone word.
         rule(
             "phone",
-            r"\+\d{1,3}[ .\-]?\(?\d{1,4}\)?(?:[ .\-]?\d{2,4}){2,4}\b",
+            // The trunk zero in brackets too: +33 (0)1 99 00 54 22.
+            r"\+\d{1,3}[ .\-]?(?:\(0\)[ .\-]?)?\(?\d{1,4}\)?(?:[ .\-]?\d{2,4}){2,4}\b",
             Some(v::phone_digits),
         ),
         rule("phone", &bounded(r"1[3-9]\d{9}"), None),
@@ -219,7 +236,7 @@ pub fn builtin() -> Vec<Rule> {
                 &bounded(r"\(?\d{2,5}\)?[ .\-/・·]?\d{2,4}[ .\-・·]?\d{2,4}(?:[ .\-・·]?\d{2,4})?"),
                 Some(phone_not_date),
             ),
-            r"phone|(?:^|[^a-z])tel(?:[eé]?f|no|nr)?(?:[^a-zé]|$)|tél|call|mobile|\bmobil\b|\bcell|\bring(?:e|a|er|es)?\b|whatsapp|signal|fax|telefon|téléphone|teléfono|handy|portable|móvil|celular|cellulare|ll[aá]m|\bbel(?:len)?\b|\bruf\b|rufnummer|anruf|erreichen|aray[ıi]n|\bchama\b|\bzap\b|\bligue?\b|电话|手机|联系|热线|座机|電話|携帯|전화|휴대폰|핸드폰|телефон|мобильн|फ़ोन|फोन|அழை|مو?بايل|هاتف|واتس|اتصل",
+            r"phone|(?:^|[^a-z])tel(?:[eé]?f|no|nr)?(?:[^a-zé]|$)|tél|call|mobile|\bmobil\b|\bcell|\bring(?:e|a|er|es)?\b|whatsapp|signal|fax|telefon|téléphone|teléfono|handy|portable|móvil|telem[oó]vel|celular|cellulare|ll[aá]m|\bbel(?:len)?\b|\bruf\b|rufnummer|anruf|erreichen|aray[ıi]n|\bchama\b|\bzap\b|\bligue?\b|电话|手机|联系|热线|座机|電話|携帯|전화|휴대폰|핸드폰|телефон|мобильн|फ़ोन|फोन|அழை|مو?بايل|هاتف|واتس|اتصل",
         ),
         // Addresses: a house number and a capitalised street name ("221B
         // Baker Street"; "the square" in a sentence is not one), a UK postcode, a
@@ -260,7 +277,7 @@ pub fn builtin() -> Vec<Rule> {
         // ("H. No. 12", "मकान नं. 214"); one pattern.
         rule(
             "postal-address",
-            r"(?i)(?:\b(?:p\.? ?o\.? ?box|postbus|postfach|apartado(?: de correos)?|caixa postal|casella postale|boîte postale)\s?\d{1,6}\b|(?:\b(?:house|flat|plot)\s?no\b|\bh\.\s?no\b|मकान\s?(?:नं|नंबर))\.?\s?[:#]?\s?\d{1,5})",
+            r"(?i)(?:\b(?:p\.? ?o\.? ?box|postbus|postfach|apartado(?: de correos)?|caixa postal|casella postale|boîte postale)\s?\d{1,6}\b|(?:\b(?:house|flat|plot)\s?no\b|\bh\.\s?no\b|(?:मकान|फ्लैट)\s?(?:नं|नंबर))\.?\s?[:#]?\s?\d{1,5})",
             None,
         ),
         // An Irish Eircode, after a county or the country.
@@ -270,7 +287,7 @@ pub fn builtin() -> Vec<Rule> {
                 r"\b(?:[AC-FHKNPRTV-Y]\d{2}|D6W)\s?[0-9AC-FHKNPRTV-Y]{4}\b",
                 None,
             ),
-            r"\bco\.?\s|county|ireland|éire|eircode",
+            r"\bco\.?\s|county|ireland|éire|eircode|dublin|cork|galway|limerick|waterford",
         ),
         // A line that ends in a house number, then one that starts with
         // a four- or five-digit postcode and a capitalised town: "Am
@@ -311,6 +328,19 @@ pub fn builtin() -> Vec<Rule> {
             r"\bul\.\s{0,2}\p{Lu}[\p{L}\-]+(?:\s\p{Lu}[\p{L}\-]+)*\s\d{1,4}[a-z]?\b",
             None,
         ),
+        // A Spanish street as "C/ Ferraz 27"; a Czech or Slovak house
+        // number with its slash and a postcode in 3 + 2 ("Vinohradská
+        // 1511/230, 100 00 Praha").
+        rule(
+            "postal-address",
+            r"\bC/\s?\p{Lu}[\p{L}\-]+(?:\s[\p{L}\-]+){0,3},?\s\d{1,4}\b",
+            None,
+        ),
+        rule(
+            "postal-address",
+            r"\b\d{1,5}/\d{1,4}[a-z]?,\s{1,2}\d{3}\s?\d{2}\s\p{Lu}\p{Ll}+",
+            None,
+        ),
         // A Russian street and house ("ул. Тверская, д. 18").
         rule(
             "postal-address",
@@ -337,7 +367,13 @@ pub fn builtin() -> Vec<Rule> {
         // Japanese: the postal mark and its 7 digits, or a block number
         // (丁目); Korean: a district (구) and then a road (로, 길) and its
         // number — 로 alone is also a particle ("to").
-        rule("postal-address", r"〒\s?\d{3}-?\d{4}", None),
+        // The postal mark with a place after it ("〒150-0043 渋谷区…"; the
+        // code alone names an area, not an address).
+        rule(
+            "postal-address",
+            r"〒\s?\d{3}-?\d{4}\s{0,3}\p{Han}{1,8}(?:都|道|府|県|市|区|町|村)",
+            None,
+        ),
         rule("postal-address", r"\d{1,2}\s?丁目\s?\d{1,4}", None),
         rule(
             "postal-address",

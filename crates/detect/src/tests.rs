@@ -108,7 +108,7 @@ fn national_ids() {
             "계좌번호 110-123-456789",
             "口座番号 1234567",
             "CLABE 002010077777777771",
-            "IFSC HDFC0001234",
+            "IFSC HDFC0001234, account no 50100123456789",
             "Konto 0532013000",
             // Grouped like a date, but no year: an account.
             "account number 1234-56-78",
@@ -649,6 +649,7 @@ fn no_rule_that_matches_a_text_is_skipped_for_it() {
         "dev2.jsonl",
         "dev3.jsonl",
         "dev4.jsonl",
+        "dev5.jsonl",
         "heldout.jsonl",
         "heldout2.jsonl",
         "heldout3.jsonl",
@@ -1113,6 +1114,66 @@ fn review_of_the_fourth_and_fifth_sets_rules() {
         &[
             "I walked 2 km down the road in 2020",
             "3 nights at the place in 2019",
+        ],
+    );
+}
+
+/// Shapes learnt from the sixth independent development set
+/// (tests/detection/DEV5.md): accounts, phones, addresses, VAT numbers
+/// and e-mails as they vary by country. New texts in the same shapes.
+#[test]
+fn country_shapes_from_the_sixth_development_set() {
+    finds(
+        "bank-account",
+        &[
+            "يرجى التحويل إلى رقم الحساب 5512093384410",
+            "Banco Itaú, agência 0412-3, conta corrente 55231-9",
+            "nr rachunku: 61 1090 1014 0000 0712 1981 2874",
+            "Pošlete na číslo účtu 19-2000145399/0800, prosím",
+        ],
+    );
+    // A branch code alone names a bank's branch, not an account.
+    misses("bank-account", &["Is IFSC HDFC0000123 the Andheri branch?"]);
+    finds(
+        "eu-vat",
+        &[
+            "UID-Nr. ATU12345678 bitte eintragen",
+            "NIP PL5260250274 na fakturze",
+            "their vat no: de136695976, reverse charge?",
+        ],
+    );
+    misses(
+        "eu-vat",
+        &["VAT rules for 2026: is DE a reverse-charge country?"],
+    );
+    finds(
+        "eu-vat",
+        &["Bitte prüfe die Umsatzsteuer-ID DE136695976 gültig ist."],
+    );
+    finds(
+        "phone",
+        &[
+            "O meu telemóvel é 913 224 681, obrigado",
+            "Appelez le +33 (0)4 78 00 12 34 demain",
+        ],
+    );
+    finds(
+        "postal-address",
+        &[
+            "Mándalo a C/ Alcalá 120, 3º dcha., 28009 Madrid",
+            "Adresa: Korunní 810/104, 101 00 Praha",
+            "पता: फ्लैट नं. 12, शांति निवास, पुणे 411001",
+            "〒150-0043 渋谷区道玄坂1-2-3",
+            "Address: 4 Oak Lawn, Rathgar, Dublin 6, D06 F6K2",
+        ],
+    );
+    misses("postal-address", &["〒150-0043 はどこの地域ですか？"]);
+    finds("cn-resident-id", &["公民身份号码 1101 0519 4912 3100 2X"]);
+    finds(
+        "email",
+        &[
+            "Mail an jürgen.weiß@post.example.com",
+            "contact@café.example.org",
         ],
     );
 }

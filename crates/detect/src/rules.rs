@@ -156,7 +156,7 @@ pub fn builtin() -> Vec<Rule> {
                 &bounded(r"[A-Z]{2} ?[0-9A-Z](?:[ .\-]?[0-9A-Z]){7,12}"),
                 Some(v::eu_vat),
             ),
-            r"vat|ust|mwst|tva|iva|btw|moms|nif|nip|\buid|tax|steuer|增值税|税号",
+            r"vat|ust|mwst|tva|iva|btw|moms|nif|nip|uid|tax|steuer|增值税|税号",
         ),
         // In lower case ("vat no: fr13371104993"): a separator only before
         // a digit, so the next word is not taken into it.
@@ -166,7 +166,7 @@ pub fn builtin() -> Vec<Rule> {
                 &bounded(r"[a-z]{2} ?[0-9a-z](?:[ .\-]?[0-9]|[a-z]){7,12}"),
                 Some(v::eu_vat),
             ),
-            r"vat|ust|mwst|tva|iva|btw|moms|nif|nip|\buid|tax|steuer|增值税|税号",
+            r"vat|ust|mwst|tva|iva|btw|moms|nif|nip|uid|tax|steuer|增值税|税号",
         ),
         with_context(
             rule(
@@ -589,18 +589,12 @@ pub fn builtin() -> Vec<Rule> {
             ),
             r"pass|pwd",
         ),
+        // A random-looking value assigned to a secret's name, on its line
+        // or alone on the next (`client_secret:\n  9f8e…`).
         rule(
             "secret",
-            r#"(?i)\b[a-z0-9_\-]{0,64}(?:secret|token|api_?key|apikey|access_?key|private_?key|auth_?key|credential|passphrase|_key|_pass)[a-z0-9_\-]{0,64}["']?[ \t]*[=:][ \t]*["']?([^\s"'`,;]{16,512})"#,
-            Some(v::high_entropy),
-        ),
-        // A secret's name at a line's end and the value alone on the next
-        // (`client_secret:\n  9f8e…`, "my access token:\n EAAG…"); an empty
-        // setting before another (`KEY=\nOTHER=…`) is not one.
-        rule(
-            "secret",
-            r#"(?i)\b[a-z0-9_\-]{0,64}(?:secret|token|api_?key|apikey|access_?key|private_?key|auth_?key|credential|passphrase|_key|_pass)[a-z0-9_\-]{0,64}["']?[ \t]*[=:][ \t]*\r?\n[ \t]*["']?([^\s"'`,;=:]{16,512}=*)["']?[ \t]*(?:\r?\n|$)"#,
-            Some(v::high_entropy),
+            r#"(?i)\b[a-z0-9_\-]{0,64}(?:secret|token|api_?key|apikey|access_?key|private_?key|auth_?key|credential|passphrase|_key|_pass)[a-z0-9_\-]{0,64}["']?[ \t]*[=:][ \t]*(?:\r?\n[ \t]*)?["']?([^\s"'`,;]{16,512})"#,
+            Some(secret_value),
         ),
         // A secret given to a command's flag (`--token hf_…`,
         // `--api-key=…`) or an Android manifest's value under a key's name.
@@ -701,6 +695,19 @@ fn is_dated(s: &str) -> bool {
         [a, b, y] if year(y) => day_and_month(a, b),
         _ => false,
     }
+}
+
+/// A secret's value, on its name's line or alone on the next
+/// (`client_secret:\n  9f8e…`): random-looking, and not another setting
+/// (`KEY=\nOTHER=…`, an empty setting before the next: a name, then `=`
+/// or `:`). A Telegram token's "6872430937:AA…" is a value.
+fn secret_value(s: &str) -> bool {
+    let name_end = s
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.' || c == '-'))
+        .unwrap_or(s.len());
+    let setting =
+        s.starts_with(|c: char| c.is_ascii_alphabetic()) && s[name_end..].starts_with(['=', ':']);
+    !setting && v::high_entropy(s)
 }
 
 /// A day, a word and a year whose word joins two numbers rather than

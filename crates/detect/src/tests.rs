@@ -1091,6 +1091,7 @@ fn review_of_the_fourth_and_fifth_sets_rules() {
         &[
             "Here's my access token:\n  EAAGm0PX4ZCpsBA1b2c3dE",
             "client_secret:\n  9f8e7d6c5B4a39281706f5e4",
+            "BOT_TOKEN = \"7012345678:AAHx9kPq2LmZ7vR4tY8wB3nC6dF1gJ5sK0e\"",
         ],
     );
     finds(

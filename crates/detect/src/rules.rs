@@ -100,7 +100,9 @@ pub fn builtin() -> Vec<Rule> {
             // Letters of any script before and after the '@'
             // (jürgen.weiß@…, contact@café.example.org); `+`, not a
             // counted repeat, for the automaton's size (see below).
-            r"(?i)\b[\p{L}\p{N}._%+-]+@[\p{L}\p{N}.-]+\.[a-z]{2,24}\b",
+            // No boundary before it: "иван@mail.ru" starts with letters
+            // an ASCII boundary does not see.
+            r"(?i)[\p{L}\p{N}._%+-]+@[\p{L}\p{N}.-]+\.[a-z]{2,24}\b",
             None,
         ),
         rule(
@@ -187,11 +189,18 @@ pub fn builtin() -> Vec<Rule> {
                 // Not after a dash either: the tail of a date ("…-10-2023")
                 // is not one.
                 &format!(
-                    r"(?:^|[^0-9A-Za-z\-])(\d{{2}}-\d{{2}}-\d{{2}}|\d{{2,6}}(?:-\d{{1,8}}){{1,3}}|\d{{3,6}}(?: \d{{3,6}}){{1,4}}|\d{{2}}(?: \d{{4}}){{6}}|(?:\d{{1,6}}-)?\d{{2,10}}/\d{{4}}|\d{{6,26}}){E}"
+                    r"(?:^|[^0-9A-Za-z\-])(\d{{2}}-\d{{2}}-\d{{2}}|\d{{2,6}}(?:-\d{{1,8}}){{1,3}}|\d{{3,6}}(?: \d{{3,6}}){{1,4}}|\d{{2}}(?: \d{{4}}){{6}}|(?:\d{{1,6}}-)?\d{{6,10}}/\d{{4}}|\d{{6,26}}){E}"
                 ),
                 Some(not_a_date),
             ),
-            r"sort[ _\-]?code|account[ _\-]?(?:number|no|#)|acct|a/c|acc\.? no|bank[ _\-]?account|routing|bsb|clabe|transit number|kontonummer|kontonr|konto|rekeningnummer|numéro de compte|número de cuenta|numero di conto|conto corrente|número da conta|conta corrente|hesap numarası|rachun|numer konta|číslo účtu|účtu|účet|счёт|счет|رقم الحساب|الحساب البنكي|口座番号|口座|계좌번호|계좌|账号|账户",
+            r"sort[ _\-]?code|account[ _\-]?(?:number|no|#)|acct|a/c|acc\.? no|bank[ _\-]?account|routing|bsb|clabe|transit number|kontonummer|kontonr|konto|rekeningnummer|numéro de compte|número de cuenta|numero di conto|conto corrente|número da conta|conta corrente|hesap numarası|account\s?:|खाता|rachun|numer konta|číslo účtu|účtu|účet|счёт|счет|رقم الحساب|الحساب البنكي|口座番号|口座|계좌번호|계좌|账号|账户",
+        ),
+        // An Indian account number beside its branch's IFSC (the code
+        // alone names a branch, not an account).
+        rule(
+            "bank-account",
+            r"(?i)\bifsc\b[^\n]{0,80}?\b\d{9,18}\b|\b\d{9,18}\b[^\n]{0,80}?\bifsc\b",
+            None,
         ),
         with_context(
             rule("bank-account", &bounded(r"\d{9}"), Some(v::aba)),
@@ -328,12 +337,13 @@ pub fn builtin() -> Vec<Rule> {
             r"\bul\.\s{0,2}\p{Lu}[\p{L}\-]+(?:\s\p{Lu}[\p{L}\-]+)*\s\d{1,4}[a-z]?\b",
             None,
         ),
-        // A Spanish street as "C/ Ferraz 27"; a Czech or Slovak house
+        // A Spanish street as "C/ Ferraz 27, …, 28008"; a Czech or Slovak house
         // number with its slash and a postcode in 3 + 2 ("Vinohradská
         // 1511/230, 100 00 Praha").
         rule(
             "postal-address",
-            r"\bC/\s?\p{Lu}[\p{L}\-]+(?:\s[\p{L}\-]+){0,3},?\s\d{1,4}\b",
+            // With a postcode after it: "C/Python 3" is a language.
+            r"\bC/\s?\p{Lu}[\p{L}\-]+(?:\s[\p{L}\-]+){0,3},?\s\d{1,4}[,\s][^\n]{0,30}?\b\d{5}\b",
             None,
         ),
         rule(
@@ -367,11 +377,11 @@ pub fn builtin() -> Vec<Rule> {
         // Japanese: the postal mark and its 7 digits, or a block number
         // (丁目); Korean: a district (구) and then a road (로, 길) and its
         // number — 로 alone is also a particle ("to").
-        // The postal mark with a place after it ("〒150-0043 渋谷区…"; the
-        // code alone names an area, not an address).
+        // The postal mark and its code, unless a particle follows that
+        // asks about the code ("〒150-0043 はどこの地域ですか").
         rule(
             "postal-address",
-            r"〒\s?\d{3}-?\d{4}\s{0,3}\p{Han}{1,8}(?:都|道|府|県|市|区|町|村)",
+            r"〒\s?\d{3}-?\d{4}(?:\s{0,2}[^はがの？?\s]|$)",
             None,
         ),
         rule("postal-address", r"\d{1,2}\s?丁目\s?\d{1,4}", None),
@@ -593,7 +603,7 @@ pub fn builtin() -> Vec<Rule> {
         // or alone on the next (`client_secret:\n  9f8e…`).
         rule(
             "secret",
-            r#"(?i)\b[a-z0-9_\-]{0,64}(?:secret|token|api_?key|apikey|access_?key|private_?key|auth_?key|credential|passphrase|_key|_pass)[a-z0-9_\-]{0,64}["']?[ \t]*[=:][ \t]*(?:\r?\n[ \t]*)?["']?([^\s"'`,;]{16,512})"#,
+            r#"(?i)\b[a-z0-9_\-]{0,64}(?:secret|token|api_?key|apikey|access_?key|private_?key|auth_?key|credential|passphrase|_key|_pass)[a-z0-9_\-]{0,64}["']?[ \t]*[=:][ \t]*((?:\r?\n[ \t]*)?["']?[^\s"'`,;]{16,512})"#,
             Some(secret_value),
         ),
         // A secret given to a command's flag (`--token hf_…`,
@@ -697,17 +707,26 @@ fn is_dated(s: &str) -> bool {
     }
 }
 
-/// A secret's value, on its name's line or alone on the next
-/// (`client_secret:\n  9f8e…`): random-looking, and not another setting
-/// (`KEY=\nOTHER=…`, an empty setting before the next: a name, then `=`
-/// or `:`). A Telegram token's "6872430937:AA…" is a value.
+/// A secret's value: random-looking; and when it stands alone on the
+/// line after its name (`client_secret:\n  9f8e…`), not another setting
+/// (`KEY=\nOTHER=…`: an empty setting before the next — a name, then `=`
+/// or `:` and more than base64's padding).
 fn secret_value(s: &str) -> bool {
-    let name_end = s
-        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.' || c == '-'))
-        .unwrap_or(s.len());
-    let setting =
-        s.starts_with(|c: char| c.is_ascii_alphabetic()) && s[name_end..].starts_with(['=', ':']);
-    !setting && v::high_entropy(s)
+    let next_line = s.starts_with(['\r', '\n']);
+    let value = s.trim_start().trim_start_matches(['"', '\'']);
+    if next_line {
+        let name_end = value
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.' || c == '-'))
+            .unwrap_or(value.len());
+        let rest = &value[name_end..];
+        let setting = value.starts_with(|c: char| c.is_ascii_alphabetic())
+            && rest.starts_with(['=', ':'])
+            && !rest.chars().all(|c| c == '=');
+        if setting {
+            return false;
+        }
+    }
+    v::high_entropy(value)
 }
 
 /// A day, a word and a year whose word joins two numbers rather than

@@ -1135,6 +1135,33 @@ fn country_shapes_from_the_sixth_development_set() {
     );
     // A branch code alone names a bank's branch, not an account.
     misses("bank-account", &["Is IFSC HDFC0000123 the Andheri branch?"]);
+    // What a review of those rules found.
+    finds(
+        "bank-account",
+        &[
+            "Transfer to 50100123456789, IFSC HDFC0001234",
+            "IFSC HDFC0001234 account: 50100123456789",
+        ],
+    );
+    misses(
+        "bank-account",
+        &["rachunek za 03/2025", "účet za 12/2026, díky"],
+    );
+    misses("postal-address", &["I code in C/Python 3 mostly"]);
+    finds(
+        "secret",
+        &[
+            "SECRET_KEY=dGhpc2lzYXNlY3JldGtleQ==",
+            "client_secret:\n  dGhpc2lzYXNlY3JldGtleQ==",
+            "FERNET_KEY=cw_0x689RpI-jtRR7oE8h_eQsKImvJapLeSbXpwF4e4=",
+            "api_token: admin:Zk8Qv3LmP9xR2tW7",
+        ],
+    );
+    finds(
+        "postal-address",
+        &["〒253-0000 茅ヶ崎市元町1-2", "〒150-0043、東京都渋谷区"],
+    );
+    finds("email", &["пишите на иван@mail.ru", "王伟@example.cn"]);
     finds(
         "eu-vat",
         &[

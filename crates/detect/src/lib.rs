@@ -181,6 +181,9 @@ impl Detector {
             for kind in split_numbers(&texts, &joined) {
                 found.insert(kind);
             }
+            if !found.contains("phone") && split_phone(&texts) {
+                found.insert("phone");
+            }
             // A value typed in two parts with the assistant's turn between
             // them ("my sister's number is 07700", "what's the rest?", "900
             // 224"): the end of each text joined to the start of the one
@@ -419,6 +422,42 @@ fn split_numbers(texts: &[String], joined: &str) -> Vec<&'static str> {
         }
     }
     found
+}
+
+/// A phone number typed in two parts with words before the second ("the
+/// first half is 03-5641", "go on", "the second is 9529"): a text that
+/// ends in a number and the next text with a number, whose first number
+/// completes it to 9–11 digits (Spain's, Japan's, China's), in a
+/// conversation that names a phone. Without a check to confirm it, only
+/// that shape: a number ending one text and opening the next one's.
+fn split_phone(texts: &[String]) -> bool {
+    static RUN: std::sync::LazyLock<Regex> =
+        std::sync::LazyLock::new(|| Regex::new(r"\d(?:[ .\-]?\d)*").expect("digit runs"));
+    static PHONE: std::sync::LazyLock<Regex> = std::sync::LazyLock::new(|| {
+        Regex::new(r"(?i)phone|\btel\b|mobile|\bcell|telefon|teléfono|móvil|\bfijo\b|portable|cellulare|handy|电话|手机|電話|携帯|전화|휴대폰|핸드폰|телефон|फ़ोन|फोन|هاتف|جوال|whatsapp")
+            .expect("phone words")
+    });
+    let digits = |s: &str| s.chars().filter(char::is_ascii_digit).count();
+    fn ending(t: &str) -> Option<regex::Match<'_>> {
+        let t = t.trim_end_matches(|c: char| {
+            c.is_whitespace() || c.is_ascii_punctuation() || "。．、".contains(c)
+        });
+        RUN.find_iter(t).last().filter(|m| m.end() == t.len())
+    }
+    let mut named = None;
+    for (i, text) in texts.iter().enumerate() {
+        let Some(first) = ending(text) else { continue };
+        let Some(next) = texts[i + 1..].iter().find_map(|t| RUN.find(t)) else {
+            continue;
+        };
+        let total = digits(first.as_str()) + digits(next.as_str());
+        if (9..=11).contains(&total)
+            && *named.get_or_insert_with(|| texts.iter().any(|t| PHONE.is_match(t)))
+        {
+            return true;
+        }
+    }
+    false
 }
 
 /// Does `rule` confirm a value somewhere in `text`? Candidates may

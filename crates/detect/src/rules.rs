@@ -683,7 +683,13 @@ fn us_state(s: &str) -> bool {
 /// A phone number after a phone word, unless its digits are a date with
 /// its year ("2024.01.15", "15.01.2024").
 fn phone_not_date(s: &str) -> bool {
-    v::phone_digits(s) && !is_dated(s)
+    // A middle dot also lists things ("090・080・070"): a number written
+    // with them ends in four digits (03・7447・0155).
+    let listed = s.contains(['・', '·'])
+        && s.rsplit(['・', '·'])
+            .next()
+            .is_none_or(|last| last.trim().len() != 4);
+    v::phone_digits(s) && !is_dated(s) && !listed
 }
 
 /// Three groups of digits that are a date: a year of 19xx or 20xx first

@@ -1162,6 +1162,32 @@ fn country_shapes_from_the_sixth_development_set() {
         &["〒253-0000 茅ヶ崎市元町1-2", "〒150-0043、東京都渋谷区"],
     );
     finds("email", &["пишите на иван@mail.ru", "王伟@example.cn"]);
+    // A phone typed in two parts with words before the second; a list
+    // written with middle dots is no phone.
+    let d = detector();
+    for parts in [
+        [
+            "电话号码前半是 0755-8612",
+            "好的，请继续。",
+            "后半是 3347，帮我写短信。",
+        ],
+        [
+            "Apunta mi fijo: 93",
+            "Vale, ¿y el resto?",
+            "418 22 67, gracias.",
+        ],
+    ] {
+        assert!(d.scan(parts).contains(&"phone"), "{parts:?}");
+    }
+    assert!(
+        !d.scan([
+            "My phone is an iPhone 15",
+            "Nice.",
+            "It cost 999 dollars in 2023"
+        ])
+        .contains(&"phone")
+    );
+    misses("phone", &["携帯番号は090・080・070で始まりますか？"]);
     finds(
         "eu-vat",
         &[

@@ -89,6 +89,8 @@ static LEXICON: LazyLock<Lexicon> = LazyLock::new(|| {
             "गोपनीय(?:\\s|[:।,.]|$)",
             "(?:^|\\n)\\s*(?:çok\\s+)?gizli\\s*[:–—\\-]",
             "(?-i:GİZLİ|KİŞİYE ÖZEL|HİZMETE ÖZEL)",
+            // Arabic's "secret:" as a heading.
+            "(?:^|\\n)\\s*سري\\s*[:–—\\-]",
         ],
     );
     all.extend(terms(
@@ -172,6 +174,19 @@ static LEXICON: LazyLock<Lexicon> = LazyLock::new(|| {
             "severance",
             "performance review",
             "disciplinary",
+            // A performance plan, a warning and a dismissal in Spanish and
+            // Turkish; a settlement and non-disclosure in Arabic; a triage
+            // note's diagnosis and history.
+            "performance improvement plan",
+            "amonestación",
+            "despido",
+            "performans iyileştirme",
+            "işine son",
+            "işten çıkar\\w*",
+            "تسوية",
+            "عدم الإفصاح",
+            "dx\\s?:\\s?\\w+",
+            "hx of",
             // German compounds: Gehaltsliste, Gehälter, Gehaltserhöhung.
             "gehalt\\w*",
             "gehälter\\w*",
@@ -260,6 +275,7 @@ static NOT_CONFIDENTIAL: LazyLock<Regex> = LazyLock::new(|| {
         | ['"’”»“][^\S\n]+(?:and|und|et|y|or|oder|ou|o)[^\S\n]+QUOTED
         | \b(?:LEVEL)(?:\s?[,/]\s?(?:LEVEL)){2,}\b
         | \b(?:LEVEL)(?:\s?[,/]\s?(?:LEVEL))+,?\s(?:and|or|&|und|oder|et|ou|y|o|e|en|of)\s(?:LEVEL)\b
+        | (?:is|are)\ confidential\ and\ (?:is\ |are\ )?intended\ (?:solely|only)\ for
         | may\ contain\ (?:confidential|privileged)(?:\ and(?:/or)?\ (?:confidential|privileged))?\ information
         | l\.a\.\ confidential
         | ASKED(?:\s?(?:,|、|と|和|与|及|과|와|및|و|och|jämfört\ med|vs\.?|versus|and|or|und|oder|et|ou|y|o|e|en|i|a|ve|или|и)\s?ASKED)+
@@ -334,6 +350,22 @@ mod tests {
         ] {
             assert!(score(plain) < 1.0, "{plain}");
         }
+        // Learnt from the fourth development set: a warning before a
+        // dismissal, a performance plan, a triage note, Arabic's heading.
+        for marked in [
+            "Le daremos una amonestación a Luis, el paso previo al despido.",
+            "Mehmet'i performans iyileştirme planına aldık; olmazsa işine son verilecek.",
+            "Pt stable overnight. Dx: pneumonia, hx of COPD.",
+            "سري: تفاصيل العرض",
+        ] {
+            assert!(score(marked) >= 1.0, "{marked}: {}", score(marked));
+        }
+        assert_eq!(
+            score(
+                "This email and its attachments are confidential and intended solely for the recipient."
+            ),
+            0.0
+        );
         assert_eq!(score("I was diagnosed last week"), 0.5);
         assert!(score("I was diagnosed with diabetes") >= 1.0);
         assert!(score("My salary is 90k and I got a bonus") >= 1.0);

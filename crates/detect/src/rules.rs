@@ -371,7 +371,7 @@ pub fn builtin() -> Vec<Rule> {
         ),
         rule(
             "postal-address",
-            r"(?i)\b(?:flat|plot|sector)\s?(?:no\.?\s?)?\d{1,5}\s?,[^\n]{0,80}?\b\d{3}\s?\d{3}\b",
+            r"(?i)(?:\b(?:flat|plot|sector)|फ्लैट|प्लॉट|सेक्टर)\s?(?:no\.?\s?|नं\.?\s?)?\d{1,5}\s?,[^\n]{0,80}?\b\d{3}\s?\d{3}\b",
             None,
         ),
         // Japanese: the postal mark and its 7 digits, or a block number
@@ -561,13 +561,14 @@ pub fn builtin() -> Vec<Rule> {
         // Said rather than assigned: "my password is hunter2", "le mot de
         // passe est Soleil42", "パスワードは abc123!", also with what it
         // is for in between ("the password for the router is …", "la
-        // password del wifi di casa è …"), the word's definite or possessive
+        // password del wifi di casa è …", "lösenordet till wifi är …",
+        // "hasło do wifi: …"), the word and a Hindi "है" after it, the word's definite or possessive
         // form and the language's "is" ("lösenordet är …", "şifresi …",
         // "heslo je …", "hasło to …", "पासवर्ड है …", "كلمة المرور هي …"). Only a value with a digit or a
         // symbol counts ("the password is incorrect" is not one).
         rule(
             "password",
-            r#"(?i)(?:\b(?:password|passwd|passcode|passphrase|mot de passe|passwort|kennwort|contraseña|senha|wachtwoord|hasło(?:\s+(?:to|jest))?|lösenord(?:et)?(?:\s+är)?|passord(?:et)?(?:\s+er)?|adgangskode(?:n)?(?:\s+er)?|heslo(?:\s+je)?|salasana(?:\s+on)?)|şifre(?:si|niz|m)?|пароль|パスワード|비밀번호|密码|口令|पासवर्ड(?:\s+है)?|كلمة (?:المرور|السر)(?:\s+(?:هي|هو))?)(?:\s+(?:for|of|to|on|van|voor|del|della|dello|di|für|vom|von|du|de|des|da|do)\b(?:\s+[^\s,;:]{1,20}){1,4}?\s+(?:is|was|ist|lautet|est|es|é|è|era))?\s{0,3}(?:[:：]\s{0,3})?(?:is|was|ist|lautet|est|es|é|è|это|は|는|은|是|为)?\s{0,3}(?:now|still|set to|changed to)?\s{0,3}["'«“„]?([^\s"'»”“,;]{4,64})"#,
+            r#"(?i)(?:\b(?:password|passwd|passcode|passphrase|mot de passe|passwort|kennwort|contraseña|senha|wachtwoord|hasło(?:\s+(?:to|jest))?|lösenord(?:et)?(?:\s+är)?|passord(?:et)?(?:\s+er)?|adgangskode(?:n)?(?:\s+er)?|heslo(?:\s+je)?|salasana(?:\s+on)?)|şifre(?:si|niz|m)?|пароль|パスワード|비밀번호|密码|口令|पासवर्ड(?:\s+है)?|كلمة (?:المرور|السر)(?:\s+(?:هي|هو))?)(?:\s+(?:for|of|to|on|van|voor|del|della|dello|di|für|vom|von|du|de|des|da|do|till|för|til|dla|pro)\b(?:\s+[^\s,;:]{1,20}){1,4}?(?:\s+(?:is|was|ist|lautet|est|es|é|è|era|är|er|je|jest)|\s*[:：]))?\s{0,3}(?:[:：]\s{0,3})?(?:is|was|ist|lautet|est|es|é|è|är|je|jest|это|は|는|은|是|为|है|هي|هو)?\s{0,3}(?:now|still|set to|changed to)?\s{0,3}["'«“„]?([^\s"'»”“,;]{4,64})"#,
             Some(said_password),
         ),
         // A user and password on a command line: `curl -u deploy:S3cret`,

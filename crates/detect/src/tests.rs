@@ -650,6 +650,7 @@ fn no_rule_that_matches_a_text_is_skipped_for_it() {
         "dev3.jsonl",
         "dev4.jsonl",
         "dev5.jsonl",
+        "dev6.jsonl",
         "heldout.jsonl",
         "heldout2.jsonl",
         "heldout3.jsonl",
@@ -1188,6 +1189,19 @@ fn country_shapes_from_the_sixth_development_set() {
         .contains(&"phone")
     );
     misses("phone", &["携帯番号は090・080・070で始まりますか？"]);
+    // From the seventh development set (DEV6.md): what a password is
+    // for, in Swedish and Polish, a Hindi "है" after the English word, a
+    // Hindi flat number without नं.
+    finds(
+        "password",
+        &[
+            "lösenordet till routern är Björk-2290",
+            "hasło do routera: Sowa_Leśna71",
+            "मेरा password है Laddu#2290, याद रखना",
+        ],
+    );
+    misses("password", &["lösenordet till wifi är svårt att minnas"]);
+    finds("postal-address", &["मेरा पता: फ्लैट 17, गंगा निवास, पुणे 411002"]);
     finds(
         "eu-vat",
         &[

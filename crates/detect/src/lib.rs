@@ -193,26 +193,27 @@ impl Detector {
             // of birth is"): a seam without is not searched, as most of an
             // agent's are not.
             for turns in texts.windows(3) {
-                let (end, start) = (tail(&turns[0]), head(&turns[2]));
+                let (end, start) = (last_chars(&turns[0], SEAM_CHARS), head(&turns[2]));
                 let digit = |s: &str| s.bytes().any(|b| b.is_ascii_digit());
-                if digit(end) || digit(start) {
+                let with_digit = digit(end) || digit(start);
+                if with_digit {
                     self.scan_rules(&format!("{end} {start}"), &mut found);
-                    // A token cut in two ("ghp_zXe3…" and "DhW3…", an
-                    // address's "tanaka.k" and "@example.com"): the parts
-                    // glued, for the kinds that are one unbroken token.
-                    let (end, start) = (end.trim_end(), start.trim_start());
-                    let token = |c: Option<char>| {
-                        c.is_some_and(|c| c.is_ascii_alphanumeric() || "_-.@".contains(c))
-                    };
-                    if token(end.chars().last()) && token(start.chars().next()) {
-                        self.scan_kinds(&format!("{end}{start}"), &mut found, |kind| {
-                            matches!(kind, "api-key" | "jwt" | "email")
-                        });
-                    }
-                } else if end.trim_end().ends_with('@') || start.trim_start().starts_with('@') {
-                    // An address cut at its '@' may hold no digit at all.
-                    let glued = format!("{}{}", end.trim_end(), start.trim_start());
-                    self.scan_kinds(&glued, &mut found, |kind| kind == "email");
+                }
+                // A token cut in two ("ghp_zXe3…" and "DhW3…"), and an
+                // address cut anywhere ("tanaka.k" and "@example.com"; cut
+                // at its '@' it may hold no digit at all): the parts glued,
+                // for the kinds that are one unbroken token.
+                let (end, start) = (end.trim_end(), start.trim_start());
+                let token = |c: Option<char>| {
+                    c.is_some_and(|c| c.is_ascii_alphanumeric() || "_-.@".contains(c))
+                };
+                let cut_token =
+                    with_digit && token(end.chars().last()) && token(start.chars().next());
+                let cut_address = end.ends_with('@') || start.starts_with('@');
+                if cut_token || cut_address {
+                    self.scan_kinds(&format!("{end}{start}"), &mut found, |kind| {
+                        kind == "email" || (cut_token && matches!(kind, "api-key" | "jwt"))
+                    });
                 }
             }
         }
@@ -306,12 +307,9 @@ impl Detector {
 /// ([`rules::CONTEXT_CHARS`]).
 const SEAM_CHARS: usize = 96;
 
-fn tail(text: &str) -> &str {
-    let start = text
-        .char_indices()
-        .rev()
-        .nth(SEAM_CHARS - 1)
-        .map_or(0, |(i, _)| i);
+/// The last `n` characters of `text` (all of it when shorter).
+fn last_chars(text: &str, n: usize) -> &str {
+    let start = text.char_indices().rev().nth(n - 1).map_or(0, |(i, _)| i);
     &text[start..]
 }
 
@@ -347,6 +345,11 @@ fn join_broken_numbers(text: &str, with: &str) -> Option<String> {
     Some(joined)
 }
 
+/// A number as typed, its digits apart or not (a Chinese resident ID may
+/// end in X).
+static RUN: std::sync::LazyLock<Regex> =
+    std::sync::LazyLock::new(|| Regex::new(r"\d(?:[ .\-]?\d)*[Xx]?").expect("digit runs"));
+
 /// Words that name an Aadhaar, whose check passes one number in ten.
 static AADHAAR_WORDS: std::sync::LazyLock<Regex> =
     std::sync::LazyLock::new(|| Regex::new(r"(?i)aadhaar|uidai|आधार").expect("aadhaar words"));
@@ -365,9 +368,6 @@ static CARD_WORDS: std::sync::LazyLock<Regex> = std::sync::LazyLock::new(|| {
 /// its check) — all but the card only when the conversation names them,
 /// as their checks pass many numbers.
 fn split_numbers(texts: &[String], joined: &str) -> Vec<&'static str> {
-    // A Chinese resident ID may end in X.
-    static RUN: std::sync::LazyLock<Regex> =
-        std::sync::LazyLock::new(|| Regex::new(r"\d(?:[ .\-]?\d)*[Xx]?").expect("digit runs"));
     static SSN: std::sync::LazyLock<Regex> =
         std::sync::LazyLock::new(|| Regex::new(r"(?i)\bssn\b|social security").expect("ssn words"));
     static CN_ID: std::sync::LazyLock<Regex> = std::sync::LazyLock::new(|| {
@@ -431,8 +431,6 @@ fn split_numbers(texts: &[String], joined: &str) -> Vec<&'static str> {
 /// conversation that names a phone. Without a check to confirm it, only
 /// that shape: a number ending one text and opening the next one's.
 fn split_phone(texts: &[String]) -> bool {
-    static RUN: std::sync::LazyLock<Regex> =
-        std::sync::LazyLock::new(|| Regex::new(r"\d(?:[ .\-]?\d)*").expect("digit runs"));
     static PHONE: std::sync::LazyLock<Regex> = std::sync::LazyLock::new(|| {
         Regex::new(r"(?i)phone|\btel\b|mobile|\bcell|telefon|teléfono|móvil|\bfijo\b|portable|cellulare|handy|电话|手机|電話|携帯|전화|휴대폰|핸드폰|телефон|फ़ोन|फोन|هاتف|جوال|whatsapp")
             .expect("phone words")
@@ -511,13 +509,7 @@ const MAX_CANDIDATES: usize = 4096;
 
 /// Up to [`CONTEXT_CHARS`] characters before byte `at`.
 fn before(text: &str, at: usize) -> &str {
-    let head = &text[..at];
-    let start = head
-        .char_indices()
-        .rev()
-        .nth(CONTEXT_CHARS - 1)
-        .map_or(0, |(i, _)| i);
-    &head[start..]
+    last_chars(&text[..at], CONTEXT_CHARS)
 }
 
 #[cfg(test)]

@@ -53,6 +53,14 @@ impl Rule {
 /// How far before a value its context words may be.
 pub const CONTEXT_CHARS: usize = 48;
 
+/// The words before a VAT number, in the languages of its formats.
+const VAT_WORDS: &str = r"vat|ust|mwst|tva|iva|btw|moms|nif|nip|uid|tax|steuer|增值税|税号";
+
+/// A passport's machine-readable zone, its second line (ICAO 9303, TD3):
+/// document number and check digit, nationality, date of birth and check
+/// digit, sex, expiry and check digit.
+const MRZ_LINE: &str = r"\b[A-Z0-9<]{9}\d[A-Z<]{3}\d{7}[MFX<]\d{7}";
+
 /// Start and end of a value: not inside a longer run of ASCII letters or
 /// digits.
 const B: &str = r"(?:^|[^0-9A-Za-z])";
@@ -158,7 +166,7 @@ pub fn builtin() -> Vec<Rule> {
                 &bounded(r"[A-Z]{2} ?[0-9A-Z](?:[ .\-]?[0-9A-Z]){7,12}"),
                 Some(v::eu_vat),
             ),
-            r"vat|ust|mwst|tva|iva|btw|moms|nif|nip|uid|tax|steuer|增值税|税号",
+            VAT_WORDS,
         ),
         // In lower case ("vat no: fr13371104993"): a separator only before
         // a digit, so the next word is not taken into it.
@@ -168,7 +176,7 @@ pub fn builtin() -> Vec<Rule> {
                 &bounded(r"[a-z]{2} ?[0-9a-z](?:[ .\-]?[0-9]|[a-z]){7,12}"),
                 Some(v::eu_vat),
             ),
-            r"vat|ust|mwst|tva|iva|btw|moms|nif|nip|uid|tax|steuer|增值税|税号",
+            VAT_WORDS,
         ),
         with_context(
             rule(
@@ -433,16 +441,8 @@ pub fn builtin() -> Vec<Rule> {
         ),
         // The machine-readable zone of a passport's page (its second line,
         // with check digits): a passport, and the holder's date of birth.
-        rule(
-            "passport",
-            r"\b[A-Z0-9<]{9}\d[A-Z<]{3}\d{7}[MFX<]\d{7}",
-            Some(v::mrz_line),
-        ),
-        rule(
-            "date-of-birth",
-            r"\b[A-Z0-9<]{9}\d[A-Z<]{3}\d{7}[MFX<]\d{7}",
-            Some(v::mrz_line),
-        ),
+        rule("passport", MRZ_LINE, Some(v::mrz_line)),
+        rule("date-of-birth", MRZ_LINE, Some(v::mrz_line)),
         // Not right after a word that makes it a version ("firmware
         // 2.4.1.7", "version 1.0.0.12", "upgrade to 3.2.1.2") or a
         // document's numbering ("section 4.2.1.3"); "build", "release" and

@@ -210,9 +210,12 @@ impl Detector {
                 let cut_token =
                     with_digit && token(end.chars().last()) && token(start.chars().next());
                 let cut_address = end.ends_with('@') || start.starts_with('@');
+                // A password too ("The password is Copper", "-Otter-58!"):
+                // its rules need the password's word before the glued value.
                 if cut_token || cut_address {
                     self.scan_kinds(&format!("{end}{start}"), &mut found, |kind| {
-                        kind == "email" || (cut_token && matches!(kind, "api-key" | "jwt"))
+                        kind == "email"
+                            || (cut_token && matches!(kind, "api-key" | "jwt" | "password"))
                     });
                 }
             }

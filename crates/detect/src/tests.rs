@@ -651,6 +651,8 @@ fn no_rule_that_matches_a_text_is_skipped_for_it() {
         "dev4.jsonl",
         "dev5.jsonl",
         "dev6.jsonl",
+        "dev7.jsonl",
+        "dev8.jsonl",
         "heldout.jsonl",
         "heldout2.jsonl",
         "heldout3.jsonl",
@@ -1242,6 +1244,99 @@ fn country_shapes_from_the_sixth_development_set() {
         &[
             "Mail an jürgen.weiß@post.example.com",
             "contact@café.example.org",
+        ],
+    );
+}
+
+#[test]
+fn shapes_from_the_eighth_and_ninth_development_sets() {
+    // Passwords said with an abbreviation, what they are for, a
+    // relative clause, the language's "is" (c'est, to), a Russian or
+    // Arabic preposition; a Redis config's requirepass.
+    finds(
+        "password",
+        &[
+            "The password we picked was Lantern-Oak-77, write it down",
+            "le mdp de la box c'est Hibou-Gris-31",
+            "la clave de la red es Pinar_4410, no la compartas",
+            "our pw is Maple7731 now",
+            "пароль для почты: Lipa_2023!",
+            "كلمة المرور لحساب البنك: Sahra#88_q",
+            "hasło do laptopa w domu to Lis#Mak2024",
+            "requirepass 9fKq2LmZx7Tb\nport 6379",
+        ],
+    );
+    misses(
+        "password",
+        &[
+            "la clave del éxito es trabajar",
+            "le mdp c'est pas sécurisé ?",
+            // A form's hint, and a masked value in non-ASCII quotes.
+            "パスワード：半角英数字8文字以上で入力してください",
+            "密码：请输入6-16位字符",
+            "Il campo mostra «Password: ******» e basta",
+        ],
+    );
+    // A password typed on across the assistant's turn, with its hyphen
+    // or without.
+    let d = detector();
+    for parts in [
+        [
+            "The wifi password is Walnut",
+            "Go on.",
+            "-Kettle-22, thanks",
+        ],
+        [
+            "my password is Copper",
+            "And the rest?",
+            "Fox91 is the rest",
+        ],
+    ] {
+        assert!(d.scan(parts).contains(&"password"), "{parts:?}");
+    }
+    // Secrets in Go's `:=` and in a YAML list; a record's key and AWS's
+    // documented example are none.
+    finds(
+        "secret",
+        &[
+            "secretKey := \"Qm9xJ3kLp7Zr2TnW8vXc\"",
+            "params:\n  api_token: ['Hq7LzP2wXk9RtV4nB8mC']",
+        ],
+    );
+    misses(
+        "secret",
+        &[
+            "cache_key=0f3c9a7e-5b1d-4e2a-9c8f-6d4b2a1e7f90 hit=true",
+            "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+        ],
+    );
+    // Belgian mobiles and GSM; a reference number is no phone.
+    finds(
+        "phone",
+        &["GSM: 0471 22 93 58", "stuur het naar 0487 12 34 56 aub"],
+    );
+    misses(
+        "phone",
+        &[
+            "Quote reference 999 244 9791 on the appeal form",
+            "order #555-201-0042 shipped",
+        ],
+    );
+    // A Chinese road and number with spaces, a Spanish "C/ de …".
+    finds(
+        "postal-address",
+        &[
+            "地址：北京市朝阳区建国路 88 号",
+            "envíalo a C/ del Carmen 14, 1º A, 28013 Madrid",
+        ],
+    );
+    // Born at a place, then the date.
+    finds(
+        "date-of-birth",
+        &[
+            "nata a Lecce il 03/11/1984",
+            "né à Rennes le 14/02/1979",
+            "nacida en Cádiz el 2 de mayo de 1990",
         ],
     );
 }

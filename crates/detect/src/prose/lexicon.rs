@@ -250,8 +250,11 @@ static LEXICON: LazyLock<Lexicon> = LazyLock::new(|| {
 /// levels in a row (a scheme, not a document's level), the duty of
 /// confidentiality in Chinese (保密义务: like "confidentiality", which the
 /// English marking's word boundary already leaves out; 保密协议, an NDA,
-/// still marks), the standard e-mail disclaimer (on every message, secret
-/// or not), a film's title. "Confidential AI" is not excused: it also
+/// still marks), a quoted marking named as a label or banner to add ("add
+/// an "Internal only" label"; not "\"Confidential\" label applied: …"), OAuth's confidential and public clients and a
+/// story's confidential informant (kinds of things, not markings), the
+/// standard e-mail disclaimer (on every message, secret or not), a film's
+/// title. "Confidential AI" is not excused: it also
 /// heads a confidential AI plan.
 static NOT_CONFIDENTIAL: LazyLock<Regex> = LazyLock::new(|| {
     // A marking word in quotes.
@@ -264,7 +267,8 @@ static NOT_CONFIDENTIAL: LazyLock<Regex> = LazyLock::new(|| {
     const LEVEL: &str = r"public|internal(?:\ (?:use\ )?only)?|restricted|(?:highly\ |strictly\ )?confidential|(?:top\ )?secret|unclassified|classified|official";
     Regex::new(
         &r#"(?ix)
-        confidential\ (?:computing|vms?|containers?|inference)\b
+        confidential\ (?:computing|vms?|containers?|inference|informants?)\b
+        | confidential\ clients?\b[^\n.?!]{0,60}\bpublic\ clients?\b | \bpublic\ clients?\b[^\n.?!]{0,60}\bconfidential\ clients?\b
         | informatique\ confidentielle | (?:computación|computação)\ confidencial
         | elaborazione\ confidenziale | vertrauliche[sn]?\ (?:rechnen|computing)
         | cancer\ (?:research|awareness|society)
@@ -272,6 +276,7 @@ static NOT_CONFIDENTIAL: LazyLock<Regex> = LazyLock::new(|| {
         | (?:\bword|\bterm|\bcalled|\bentre|\bbetween|übersetze|traduis|traduce|translate|\bvermerk|\bmention|\bmot|\bpalabra|\bwort|\bparola|\bwoord|\btermo)
           [^\S\n]+QUOTED(?:[^\S\n]+(?:and|und|et|y|or|oder|ou|o)[^\S\n]+QUOTED)*
         | (?:\bmark(?:ed)?|\blabel(?:led)?|\bas)[^\S\n]+(?:it[^\S\n]+|this[^\S\n]+)?QUOTED[^\n.!:;]{0,40}\?
+        | \b(?:add|adding|put|apply|applying|show|display|create|insert|use)[^\S\n]+(?:an?[^\S\n]+|the[^\S\n]+)?QUOTED[^\S\n]+(?:label|tag|banner|stamp|watermark|sticker)s?\b
         | ['"’”»“][^\S\n]+(?:and|und|et|y|or|oder|ou|o)[^\S\n]+QUOTED
         | \b(?:LEVEL)(?:\s?[,/]\s?(?:LEVEL)){2,}\b
         | \b(?:LEVEL)(?:\s?[,/]\s?(?:LEVEL))+,?\s(?:and|or|&|und|oder|et|ou|y|o|e|en|of)\s(?:LEVEL)\b
@@ -395,6 +400,9 @@ mod tests {
             "CONFIDENTIAL AIRBUS DEAL: terms attached",
             "Wir haben das in vertraulichem Rahmen besprochen.",
             "Anbei vertrauliche Unterlagen zum Umbau",
+            // A label named and then applied; a client list marked.
+            "\"Confidential\" label applied. Leeds closes in May.",
+            "Confidential client list: the Hartmann account is leaving us.",
         ] {
             assert!(score(marked) >= 1.0, "{marked}: {}", score(marked));
         }
@@ -409,6 +417,10 @@ mod tests {
             "Our labels are Public, Internal Only, Confidential and Restricted.",
             "员工离职后的保密义务持续多久？",
             "Qu'est-ce que l'informatique confidentielle ?",
+            // Learnt from the eighth and ninth development sets.
+            "How do I put a \"Confidential\" banner on every slide in Keynote?",
+            "Is a SPA a public client and a backend a confidential client?",
+            "The novel opens with a confidential informant at the docks.",
         ] {
             assert_eq!(score(mentioned), 0.0, "{mentioned}");
         }

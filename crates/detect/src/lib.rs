@@ -210,12 +210,20 @@ impl Detector {
                 let cut_token =
                     with_digit && token(end.chars().last()) && token(start.chars().next());
                 let cut_address = end.ends_with('@') || start.starts_with('@');
-                // A password too ("The password is Copper", "-Otter-58!"):
-                // its rules need the password's word before the glued value.
+                // A password too, where the seam reads as one cut: at a
+                // hyphen or a symbol ("Walnut", "-Kettle-22"), or after a
+                // capitalised part ("Copper", "Fox91") — not "my password
+                // be" and "16 enough?".
+                let last_word = end.rsplit(char::is_whitespace).next().unwrap_or("");
+                let cut_password = cut_token
+                    && (end.ends_with(['-', '_'])
+                        || start.starts_with(['-', '_', '.', '!', '#', '@'])
+                        || last_word.starts_with(|c: char| c.is_uppercase()));
                 if cut_token || cut_address {
                     self.scan_kinds(&format!("{end}{start}"), &mut found, |kind| {
                         kind == "email"
-                            || (cut_token && matches!(kind, "api-key" | "jwt" | "password"))
+                            || (cut_token && matches!(kind, "api-key" | "jwt"))
+                            || (cut_password && kind == "password")
                     });
                 }
             }

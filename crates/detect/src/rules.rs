@@ -223,15 +223,16 @@ pub fn builtin() -> Vec<Rule> {
             Some(v::phone_digits),
         ),
         rule("phone", &bounded(r"1[3-9]\d{9}"), None),
-        // North American 3-3-4, unless a reference's name comes right
-        // before it ("reference 999 244 9791", "order #555-201-0042").
+        // North American 3-3-4, unless a reference's name and number come
+        // right before it ("reference 999 244 9791", "order #555-201-0042";
+        // not "about the order 917-555-0148", "just in case: …").
         unless(
             rule(
                 "phone",
                 r"(?:\(\d{3}\)\s?|\b\d{3}[ .\-])\d{3}[ .\-]\d{4}\b",
                 None,
             ),
-            r"\b(?:reference|ref|order|invoice|ticket|case|tracking|booking|confirmation|claim|serial)\.?\s{0,2}(?:no\.?|number|nr\.?)?\s{0,2}[:#]?\s{0,2}$",
+            r"\b(?:(?:reference|ref|order|invoice|ticket|tracking|confirmation|serial)\.?\s{0,2}(?:no\.?|number|nr\.?|#)\s{0,2}:?|reference|ref\.)\s{0,2}$",
         ),
         // National mobile numbers as people write them, distinctive
         // enough without a phone word: French (06 12 34 56 78, pairs
@@ -258,7 +259,7 @@ pub fn builtin() -> Vec<Rule> {
                 &bounded(r"\(?\d{2,5}\)?[ .\-/・·]?\d{2,4}[ .\-・·]?\d{2,4}(?:[ .\-・·]?\d{2,4})?"),
                 Some(phone_not_date),
             ),
-            r"phone|(?:^|[^a-z])tel(?:[eé]?f|no|nr)?(?:[^a-zé]|$)|tél|call|mobile|\bmobil\b|\bcell|\bgsm\b|\bring(?:e|a|er|es)?\b|whatsapp|signal|fax|telefon|téléphone|teléfono|handy|portable|móvil|telem[oó]vel|celular|cellulare|ll[aá]m|\bbel(?:len)?\b|\bruf\b|rufnummer|anruf|erreichen|aray[ıi]n|\bchama\b|\bzap\b|\bligue?\b|电话|手机|联系|热线|座机|電話|携帯|전화|휴대폰|핸드폰|телефон|мобильн|फ़ोन|फोन|அழை|مو?بايل|هاتف|واتس|اتصل",
+            r"phone|(?:^|[^a-z])tel(?:[eé]?f|no|nr)?(?:[^a-zé]|$)|tél|call|mobile|\bmobil\b|\bcell|\bring(?:e|a|er|es)?\b|whatsapp|signal|fax|telefon|téléphone|teléfono|handy|portable|móvil|telem[oó]vel|celular|cellulare|ll[aá]m|\bbel(?:len)?\b|\bruf\b|rufnummer|anruf|erreichen|aray[ıi]n|\bchama\b|\bzap\b|\bligue?\b|电话|手机|联系|热线|座机|電話|携帯|전화|휴대폰|핸드폰|телефон|мобильн|फ़ोन|फोन|அழை|مو?بايل|هاتف|واتس|اتصل",
         ),
         // Addresses: a house number and a capitalised street name ("221B
         // Baker Street"; "the square" in a sentence is not one), a UK postcode, a
@@ -425,7 +426,7 @@ pub fn builtin() -> Vec<Rule> {
                 r"(?i)(?:\d{1,4}[./\-年]\s?\d{1,2}[./\-月]\s?\d{1,4}日?|\d{1,2}\s{1,3}de\s{1,3}\p{L}{1,20}\s{1,3}de\s{1,3}\d{4}|(?:^|[^0-9])(?:0?[1-9]|[12]\d|3[01])\.?(?:st|nd|rd|th)?(?:\s{1,3}of)?[\s\-/.]{1,3}[\p{L}\p{M}]{3,12}\.?,?[\s\-/.]{1,3}(?:1[89]|20)\d{2}|\d{4}년\s?\d{1,2}월\s?\d{1,2}일|(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?\s{1,3}\d{1,2}(?:st|nd|rd|th)?,?\s{1,3}\d{4})",
                 Some(not_a_range),
             ),
-            r"born|birth|dob|d\.o\.b|birthday|geboren|geburt|geb\.|né le|née le|naissance|nacimiento|nació|f\.\s?nac|\bnac\.|\bnat[oa]\s(?:il|a|ad)\b|\bnée?\s(?:à|a)\s|nacid[oa]|nascita|nascimento|nascido|nascida|geboorte|född|født|fødd|urodzon|urodzenia|\bur\.|narozen|\bnar\.|rođen|syntyn|syntymä|doğum|рожден|родил|जन्म|डीओबी|ngày sinh|tanggal lahir|تاريخ الميلاد|مواليد|ولدت|ولد في|وُلد|出生|生日|生于|生年月日|생년월일|생일|출생",
+            r"born|birth|dob|d\.o\.b|birthday|geboren|geburt|geb\.|né le|née le|naissance|nacimiento|nació|f\.\s?nac|\bnac\.|(?-i:[Nn]at[oa])\s(?:il|a|ad)\b|\bnée?\s(?:à|a)\s|\bnacid[oa]\b|nascita|nascimento|nascido|nascida|geboorte|född|født|fødd|urodzon|urodzenia|\bur\.|narozen|\bnar\.|rođen|syntyn|syntymä|doğum|рожден|родил|जन्म|डीओबी|ngày sinh|tanggal lahir|تاريخ الميلاد|مواليد|ولدت|ولد في|وُلد|出生|生日|生于|生年月日|생년월일|생일|출생",
         ),
         // Born, said after the date: "1995년 12월 3일생", "昭和35年2月14日生",
         // "1990年3月5日出生".
@@ -573,7 +574,15 @@ pub fn builtin() -> Vec<Rule> {
         // symbol counts ("the password is incorrect" is not one).
         rule(
             "password",
-            r#"(?i)(?:\b(?:password|passwd|passcode|passphrase|pw|pwd|mdp|clave(?:\s+(?:del?|de la))?\s+(?:wifi|wi-fi|red|router|acceso)|mot de passe|passwort|kennwort|contraseña|senha|wachtwoord|hasło(?:\s+(?:to|jest))?|lösenord(?:et)?(?:\s+är)?|passord(?:et)?(?:\s+er)?|adgangskode(?:n)?(?:\s+er)?|heslo(?:\s+je)?|salasana(?:\s+on)?)|şifre(?:si|niz|m)?|пароль|パスワード|비밀번호|密码|口令|पासवर्ड(?:\s+है)?|كلمة (?:المرور|السر)(?:\s+(?:هي|هو))?)(?:(?:\s+(?:(?:for|of|to|on|van|voor|del|della|dello|di|für|vom|von|du|de|des|da|do|till|för|til|dla|pro)\b|от|для)(?:\s+[^\s,;:]{1,20}){1,4}?|\s+ل[^\s,;:]{1,20}(?:\s+[^\s,;:]{1,20}){0,3}?)(?:\s+(?:is|was|ist|lautet|est|c['’]est|es|é|è|era|är|er|je|jest|to)|\s*[:：]))?(?:\s+(?:i|we|you|they)\s+(?:set|used|chose|picked|created|made|had|gave\s+(?:you|him|her|them)))?\s{0,3}(?:[:：]\s{0,3})?(?:is|was|ist|lautet|est|c['’]est|es|é|è|är|je|jest|это|は|는|은|是|为|है|هي|هو)?\s{0,3}(?:now|still|set to|changed to)?\s{0,3}["'«“„]?([^\s"'»”“,;]{4,64})"#,
+            r#"(?i)(?:\b(?:password|passwd|passcode|passphrase|clave(?:\s+(?:del?|de la))?\s+(?:wifi|wi-fi|red|router|acceso)|mot de passe|passwort|kennwort|contraseña|senha|wachtwoord|hasło(?:\s+(?:to|jest))?|hasło\s+(?:do|dla|od)(?:\s+[^\s,;:]{1,20}){1,4}?\s+to|lösenord(?:et)?(?:\s+är)?|passord(?:et)?(?:\s+er)?|adgangskode(?:n)?(?:\s+er)?|heslo(?:\s+je)?|salasana(?:\s+on)?)|şifre(?:si|niz|m)?|пароль|パスワード|비밀번호|密码|口令|पासवर्ड(?:\s+है)?|كلمة (?:المرور|السر)(?:\s+(?:هي|هو))?)(?:(?:\s+(?:(?:for|of|to|on|van|voor|del|della|dello|di|für|vom|von|du|de|des|da|do|till|för|til|dla|pro)\b|от|для)(?:\s+[^\s,;:]{1,20}){1,4}?|\s+ل[^\s,;:]{1,20}(?:\s+[^\s,;:]{1,20}){0,3}?)(?:\s+(?:is|was|ist|lautet|est|c['’]est|es|é|è|era|är|er|je|jest|это|هي|هو|[—–-])|\s*[:：]))?(?:\s+(?:i|we|you|they)\s+(?:set|used|chose|picked|created|made|had|gave\s+(?:you|him|her|them)))?\s{0,3}(?:[:：]\s{0,3})?(?:is|was|ist|lautet|est|c['’]est|es|é|è|är|je|jest|это|は|는|은|是|为|है|هي|هو)?\s{0,3}(?:now|still|set to|changed to)?\s{0,3}["'«“„]?([^\s"'»”“,;]{4,64})"#,
+            Some(said_password),
+        ),
+        // The short forms (pw, pwd, mdp) only with a colon, an equals
+        // sign or the language's "is" after them: alone they are also
+        // `pwd.h`, a PW1100G engine and a Markov decision process.
+        rule(
+            "password",
+            r#"(?i)\b(?:pw|pwd|mdp)\b(?:\s+(?:for|of|de|du|des|del|für)\b(?:\s+[^\s,;:=]{1,20}){1,4}?)?\s{0,3}(?:[:：=]|\bis\b|\bwas\b|c['’]est\b|\best\b|\bes\b|\bist\b)\s{0,3}["'«“„]?([^\s"'»”“,;]{4,64})"#,
             Some(said_password),
         ),
         // A user and password on a command line: `curl -u deploy:S3cret`,
@@ -589,7 +598,14 @@ pub fn builtin() -> Vec<Rule> {
         // printed by `base64 -d` on the line after.
         rule(
             "password",
-            r#"\b(?:mysql(?:dump|admin|import|check|sh|slap)?\b[^\n]{0,120}?\s-p|sshpass\s+-p\s?|requirepass\s+|masterauth\s+)["']?([^\s"']{3,128})"#,
+            r#"\b(?:mysql(?:dump|admin|import|check|sh|slap)?\b[^\n]{0,120}?\s-p|sshpass\s+-p\s?)["']?([^\s"']{3,128})"#,
+            Some(not_placeholder),
+        ),
+        // Redis's config (`requirepass …`, `masterauth …`): a line of its
+        // own, as the file has it; "the requirepass setting" is talk.
+        rule(
+            "password",
+            r#"(?m)^[ \t]*(?:requirepass|masterauth)[ \t]+["']?([^\s"']{3,128})["']?[ \t]*\r?$"#,
             Some(not_placeholder),
         ),
         rule(
@@ -607,16 +623,17 @@ pub fn builtin() -> Vec<Rule> {
         ),
         // A random-looking value assigned to a secret's name, on its line
         // or alone on the next (`client_secret:\n  9f8e…`), in Go's `:=`
-        // and in a YAML list (`auth_token: ['…']`) too. A key that names
-        // a record rather than opening anything (`idempotency_key=<uuid>`,
-        // `cache_key`, `primary_key`) is no secret's name.
+        // and in a YAML list (`auth_token: ['…']`) too, and a camelCase
+        // key (`primaryKey`, Azure's). A key that names a record rather
+        // than opening anything (`idempotency_key=<uuid>`, `cache_key`,
+        // `sortKey`) and a public key are no secret's name.
         unless(
             rule(
                 "secret",
-                r#"(?i)\b[a-z0-9_\-]{0,64}(?:secret|token|api_?key|apikey|access_?key|private_?key|auth_?key|credential|passphrase|_key|_pass)[a-z0-9_\-]{0,64}["']?[ \t]*(?::=|[=:])[ \t]*\[?((?:\r?\n[ \t]*)?["']?[^\s"'`,;]{16,512})"#,
+                r#"(?i)\b[a-z0-9_\-]{0,64}(?:secret|token|api_?key|apikey|access_?key|private_?key|auth_?key|credential|passphrase|_key|(?-i:[a-z]Key)|_pass)[a-z0-9_\-]{0,64}["']?[ \t]*(?::=|[=:])[ \t]*\[?((?:\r?\n[ \t]*)?["']?[^\s"'`,;]{16,512})"#,
                 Some(secret_value),
             ),
-            r#"\b(?:idempotency|cache|primary|foreign|sort|partition|range|dedupe?|row|object|lookup|routing|correlation|message|request|group|shard|index|translation|i18n)[_\-]?key["']?[ \t]*(?::=|[=:])[ \t]*\[?$"#,
+            r#"(?:\b|_)(?:idempotency|cache|foreign|sort|partition|range|dedupe?|row|object|lookup|routing|correlation|shard|index|translation|i18n|public)[_\-]?key["']?[ \t]*(?::=|[=:])[ \t]*\[?$"#,
         ),
         // A secret given to a command's flag (`--token hf_…`,
         // `--api-key=…`) or an Android manifest's value under a key's name.
@@ -744,8 +761,11 @@ fn secret_value(s: &str) -> bool {
             return false;
         }
     }
-    // AWS's documented example (`wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY`).
-    v::high_entropy(value) && !value.to_ascii_uppercase().contains("EXAMPLE")
+    // AWS's documented examples (`AKIAIOSFODNN7EXAMPLE`,
+    // `wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY`), not any value with
+    // "example" in its run (`…&redirect_uri=https://app.example.com`).
+    let example = value.ends_with("EXAMPLE") || value.contains("EXAMPLEKEY");
+    v::high_entropy(value) && !example
 }
 
 /// A day, a word and a year whose word joins two numbers rather than
@@ -1034,10 +1054,33 @@ fn compound_word(s: &str) -> bool {
     })
 }
 
+/// A form's hint in Chinese or Japanese ("密码：请输入8-20位",
+/// "パスワード：半角英数字8文字以上"): no space ends its first word, so
+/// the hint is one only without Latin letters after it ("密码：请使用
+/// Abc@12345登录" holds the password).
+fn form_hint(s: &str) -> bool {
+    const HINTS: &[&str] = &[
+        "请",
+        "請",
+        "需",
+        "须",
+        "須",
+        "必须",
+        "至少",
+        "不少于",
+        "长度",
+        "半角",
+        "入力",
+    ];
+    HINTS.iter().any(|w| s.starts_with(w)) && !s.chars().any(|c| c.is_ascii_alphabetic())
+}
+
 /// "password: ****", "password = <your password>", "password: string"
 /// and "密码：请输入…" are instructions, not secrets.
 fn not_placeholder(s: &str) -> bool {
-    // Inside the quotes of a language that are not ASCII («********»).
+    let variable = s.starts_with(['<', '{', '$']);
+    // Inside the quotes of a language that are not ASCII («********»); a
+    // variable only unquoted: „$ommer2024“ is a password.
     let s = s.trim_matches(['«', '»', '“', '”', '„', '‘', '’', '「', '」']);
     let lower = s.to_lowercase();
     // A form's blank to fill in ("____", "-----", "*****", "xxxx").
@@ -1046,14 +1089,8 @@ fn not_placeholder(s: &str) -> bool {
         .all(|c| c == '*' || c == 'x' || c == 'X' || c == '.')
         || blank('_')
         || blank('-')
-        || lower.starts_with('<')
-        || lower.starts_with('{')
-        || lower.starts_with('$')
-        // A form's hint in Chinese or Japanese ("密码：请输入8-20位",
-        // "パスワード：半角英数字8文字以上"): no space ends its first word.
-        || ["请", "請", "需", "须", "須", "必须", "至少", "不少于", "长度", "半角", "入力"]
-            .iter()
-            .any(|w| s.starts_with(w))
+        || variable
+        || form_hint(s)
         || [
             "string",
             "password",

@@ -250,12 +250,13 @@ static LEXICON: LazyLock<Lexicon> = LazyLock::new(|| {
 /// levels in a row (a scheme, not a document's level), the duty of
 /// confidentiality in Chinese (保密义务: like "confidentiality", which the
 /// English marking's word boundary already leaves out; 保密协议, an NDA,
-/// still marks), a quoted marking named as a label or banner to add ("add
-/// an "Internal only" label"; not "\"Confidential\" label applied: …"), OAuth's confidential and public clients and a
-/// story's confidential informant (kinds of things, not markings), the
+/// still marks), a quoted marking named as a label or banner to add to
+/// something ("add an "Internal only" label to pages"; not "add an
+/// "Internal only" label: the Q3 layoffs …"), OAuth's confidential and
+/// public clients named together (kinds of client, not markings), the
 /// standard e-mail disclaimer (on every message, secret or not), a film's
-/// title. "Confidential AI" is not excused: it also
-/// heads a confidential AI plan.
+/// title. "Confidential AI" is not excused: it also heads a confidential
+/// AI plan.
 static NOT_CONFIDENTIAL: LazyLock<Regex> = LazyLock::new(|| {
     // A marking word in quotes.
     const QUOTED: &str = r#"['"‘“«„]\s?(?:confidential|vertraulich|streng\ geheim|confidentiel(?:le)?|confidencial|riservato|internal\ only|usage\ interne|uso\ interno)\s?['"’”»“]"#;
@@ -267,8 +268,9 @@ static NOT_CONFIDENTIAL: LazyLock<Regex> = LazyLock::new(|| {
     const LEVEL: &str = r"public|internal(?:\ (?:use\ )?only)?|restricted|(?:highly\ |strictly\ )?confidential|(?:top\ )?secret|unclassified|classified|official";
     Regex::new(
         &r#"(?ix)
-        confidential\ (?:computing|vms?|containers?|inference|informants?)\b
-        | confidential\ clients?\b[^\n.?!]{0,60}\bpublic\ clients?\b | \bpublic\ clients?\b[^\n.?!]{0,60}\bconfidential\ clients?\b
+        confidential\ (?:computing|vms?|containers?|inference)\b
+        | confidential\ clients?\ (?:and|or|vs\.?|versus)\ (?:an?\ )?public\ clients?\b
+        | \bpublic\ clients?\ (?:and|or|vs\.?|versus)\ (?:an?\ )?confidential\ clients?\b
         | informatique\ confidentielle | (?:computación|computação)\ confidencial
         | elaborazione\ confidenziale | vertrauliche[sn]?\ (?:rechnen|computing)
         | cancer\ (?:research|awareness|society)
@@ -276,7 +278,7 @@ static NOT_CONFIDENTIAL: LazyLock<Regex> = LazyLock::new(|| {
         | (?:\bword|\bterm|\bcalled|\bentre|\bbetween|übersetze|traduis|traduce|translate|\bvermerk|\bmention|\bmot|\bpalabra|\bwort|\bparola|\bwoord|\btermo)
           [^\S\n]+QUOTED(?:[^\S\n]+(?:and|und|et|y|or|oder|ou|o)[^\S\n]+QUOTED)*
         | (?:\bmark(?:ed)?|\blabel(?:led)?|\bas)[^\S\n]+(?:it[^\S\n]+|this[^\S\n]+)?QUOTED[^\n.!:;]{0,40}\?
-        | \b(?:add|adding|put|apply|applying|show|display|create|insert|use)[^\S\n]+(?:an?[^\S\n]+|the[^\S\n]+)?QUOTED[^\S\n]+(?:label|tag|banner|stamp|watermark|sticker)s?\b
+        | \b(?:add|adding|put|apply|applying|show|display|create|insert|use)[^\S\n]+(?:an?[^\S\n]+|the[^\S\n]+)?QUOTED[^\S\n]+(?:label|tag|banner|stamp|watermark|sticker)s?[^\S\n]+(?:to|on|in|for)\b
         | ['"’”»“][^\S\n]+(?:and|und|et|y|or|oder|ou|o)[^\S\n]+QUOTED
         | \b(?:LEVEL)(?:\s?[,/]\s?(?:LEVEL)){2,}\b
         | \b(?:LEVEL)(?:\s?[,/]\s?(?:LEVEL))+,?\s(?:and|or|&|und|oder|et|ou|y|o|e|en|of)\s(?:LEVEL)\b
@@ -419,8 +421,7 @@ mod tests {
             "Qu'est-ce que l'informatique confidentielle ?",
             // Learnt from the eighth and ninth development sets.
             "How do I put a \"Confidential\" banner on every slide in Keynote?",
-            "Is a SPA a public client and a backend a confidential client?",
-            "The novel opens with a confidential informant at the docks.",
+            "In OAuth, is a SPA a public client or a confidential client?",
         ] {
             assert_eq!(score(mentioned), 0.0, "{mentioned}");
         }

@@ -54,7 +54,13 @@ impl Rule {
 pub const CONTEXT_CHARS: usize = 48;
 
 /// The words before a VAT number, in the languages of its formats.
-const VAT_WORDS: &str = r"vat|ust|mwst|tva|iva|btw|moms|nif|nip|uid|tax|steuer|增值税|税号";
+const VAT_WORDS: &str =
+    r"vat|ust|mwst|tva|iva|btw|moms|nif|nip|uid|tax|steuer|dič|alv|oib|增值税|税号";
+
+/// The tax words before a VAT number written without its country's
+/// prefix: narrower than [`VAT_WORDS`] (whole words), since a check
+/// digit alone passes one number in ten or eleven.
+const NATIONAL_VAT_WORDS: &str = r"\b(?:vat|nif|nipc|nip|cif|p\.\s?iva|partita[\s_]?iva|c\.\s?f\.|codice fiscale|ust-?id|ust\.?-?idnr|steuernummer|tva|btw|dič|alv|oib|moms)";
 
 /// A passport's machine-readable zone, its second line (ICAO 9303, TD3):
 /// document number and check digit, nationality, date of birth and check
@@ -178,6 +184,17 @@ pub fn builtin() -> Vec<Rule> {
             ),
             VAT_WORDS,
         ),
+        // Without the prefix, as a country's own invoices print it ("P.IVA
+        // 10562300375", "NIP: 618-083-36-43", "NIPC: 543862410", "CIF:
+        // B46143798"): that country's check, after its tax word.
+        with_context(
+            rule(
+                "eu-vat",
+                &bounded(r"[A-Za-z]?\d(?:[ .\-]?\d){7,10}[A-Za-z]?"),
+                Some(v::national_vat),
+            ),
+            NATIONAL_VAT_WORDS,
+        ),
         with_context(
             rule(
                 "passport",
@@ -201,7 +218,7 @@ pub fn builtin() -> Vec<Rule> {
                 ),
                 Some(not_a_date),
             ),
-            r"sort[ _\-]?code|account[ _\-]?(?:number|no|#)|acct|a/c|acc\.? no|bank[ _\-]?account|routing|bsb|clabe|transit number|kontonummer|kontonr|konto|rekeningnummer|numéro de compte|número de cuenta|numero di conto|conto corrente|número da conta|conta corrente|hesap numarası|account\s?:|खाता|rachun|numer konta|číslo účtu|účtu|účet|счёт|счет|رقم الحساب|الحساب البنكي|口座番号|口座|계좌번호|계좌|账号|账户",
+            r"sort[ _\-]?code|account[ _\-]?(?:number|no|#)|acct|a/c|acc\.? no|bank[ _\-]?account|routing|bsb|clabe|transit number|kontonummer|kontonr|konto|rekeningnummer|\brekening\b|bankgiro|plusgiro|numéro de compte|número de cuenta|numero di conto|conto corrente|número da conta|conta corrente|hesap numarası|account\s?:|खाता|rachun|numer konta|číslo účtu|účtu|účet|счёт|счет|رقم الحساب|الحساب البنكي|口座番号|口座|계좌번호|계좌|账号|账户",
         ),
         // An Indian account number beside its branch's IFSC (the code
         // alone names a branch, not an account).
@@ -248,7 +265,7 @@ pub fn builtin() -> Vec<Rule> {
         rule(
             "phone",
             &bounded(
-                r"0[1-9](?:[ .\-]\d{2}){4}|07\d{3} \d{3} ?\d{3}|0[789]0-\d{4}-\d{4}|[67]\d{2} \d{2} \d{2} \d{2}|01[5-7]\d{1,2} \d{3,4} \d{3,4}|06-\d{8}|\(\d{2}\) ?9?\d{4}-\d{4}|1[3-9]\d[ \-]\d{4}[ \-]\d{4}|[6-9]\d{4} \d{5}|01[016-9]-\d{3,4}-\d{4}|0 ?\(?5\d{2}\)? ?\d{3} \d{2} \d{2}|04\d{2} \d{3} \d{3}|04\d{2}(?: \d{2}){3}|01[0125]\d[ \-]\d{3}[ \-]\d{4}",
+                r"0[1-9](?:[ .\-]\d{2}){4}|07\d{3} \d{3} ?\d{3}|0[789]0-\d{4}-\d{4}|[67]\d{2} \d{2} \d{2} \d{2}|01[5-7]\d{1,2} \d{3,4} \d{3,4}|06-\d{8}|\(\d{2}\) ?9?\d{4}-\d{4}|1[3-9]\d[ \-]\d{4}[ \-]\d{4}|[6-9]\d{4} \d{5}|01[016-9]-\d{3,4}-\d{4}|0 ?\(?5\d{2}\)? ?\d{3} \d{2} \d{2}|04\d{2} \d{3} \d{3}|04\d{2}(?: \d{2}){3}|8 ?\(9\d{2}\) ?\d{3}-\d{2}-\d{2}|08\d{2}-\d{4}-\d{3,4}|01[0125]\d[ \-]\d{3}[ \-]\d{4}",
             ),
             None,
         ),
@@ -259,7 +276,7 @@ pub fn builtin() -> Vec<Rule> {
                 &bounded(r"\(?\d{2,5}\)?[ .\-/・·]?\d{2,4}[ .\-・·]?\d{2,4}(?:[ .\-・·]?\d{2,4})?"),
                 Some(phone_not_date),
             ),
-            r"phone|(?:^|[^a-z])tel(?:[eé]?f|no|nr)?(?:[^a-zé]|$)|tél|call|mobile|\bmobil\b|\bcell|\bring(?:e|a|er|es)?\b|whatsapp|signal|fax|telefon|téléphone|teléfono|handy|portable|móvil|telem[oó]vel|celular|cellulare|ll[aá]m|\bbel(?:len)?\b|\bruf\b|rufnummer|anruf|erreichen|aray[ıi]n|\bchama\b|\bzap\b|\bligue?\b|电话|手机|联系|热线|座机|電話|携帯|전화|휴대폰|핸드폰|телефон|мобильн|फ़ोन|फोन|அழை|مو?بايل|هاتف|واتس|اتصل",
+            r"phone|(?:^|[^a-z])tel(?:[eé]?f|no|nr)?(?:[^a-zé]|$)|tél|call|mobile|\bmobil\b|\bcell|\bring(?:e|a|er|es)?\b|whatsapp|signal|fax|telefon|téléphone|teléfono|handy|portable|móvil|telem[oó]vel|celular|cellulare|ll[aá]m|\bbel(?:len)?\b|\bruf\b|rufnummer|anruf|erreichen|aray[ıi]n|\bchama\b|\bzap\b|\bligue?\b|\bhubungi\b|\bwa\b|sđt|điện thoại|\bgọi\b|звонит|звоните|позвон|\n[ \t]*(?:t|m|p|ph|mob)[ \t]?:|电话|手机|联系|热线|座机|電話|携帯|전화|휴대폰|핸드폰|телефон|мобильн|फ़ोन|फोन|அழை|مو?بايل|هاتف|واتس|اتصل",
         ),
         // Addresses: a house number and a capitalised street name ("221B
         // Baker Street"; "the square" in a sentence is not one), a UK postcode, a
@@ -365,10 +382,44 @@ pub fn builtin() -> Vec<Rule> {
             r"\b\d{1,5}/\d{1,4}[a-z]?,\s{1,2}\d{3}\s?\d{2}\s\p{Lu}\p{Ll}+",
             None,
         ),
-        // A Russian street and house ("ул. Тверская, д. 18").
+        // A Russian street and house ("ул. Тверская, д. 18", "ул.
+        // Большая Почтовая, д. 22").
         rule(
             "postal-address",
-            r"(?:ул\.|улица|пр-т|проспект|пер\.|переулок)\s{0,2}\p{Lu}[\p{L}\-]+,?\s{1,2}(?:д\.|дом)\s{0,2}\d{1,4}",
+            r"(?:ул\.|улица|пр-т|проспект|пер\.|переулок)\s{0,2}\p{Lu}[\p{L}\-]+(?:\s[\p{L}\-]+){0,2},?\s{1,2}(?:д\.|дом)\s{0,2}\d{1,4}",
+            None,
+        ),
+        // A street and number, then on the same line a five-digit
+        // postcode and a town, as invoices' footers and invitations write
+        // them ("Am Kirchberg 14 · 79336 Herbolzheim", "Avda. del Port 118,
+        // 4.º B, 46023 València", "Poggio alle Mura 17, 53024 Montalcino").
+        rule(
+            "postal-address",
+            r"\p{Lu}\p{Ll}+\.?\s\d{1,4}[a-zA-Z]?\s?[,·–]\s?(?:[^\n,·–]{1,12}[,·–]\s?)?(?:[A-Z]-)?\d{5}\s\p{Lu}\p{Ll}{2,}",
+            None,
+        ),
+        // A Canadian province and postcode; an Indonesian street (Jalan)
+        // and number; a Vietnamese house, lane and street or ward; a
+        // French lieu-dit before its postcode; an Irish unit in a Dublin
+        // district.
+        rule(
+            "postal-address",
+            r"\b(?:AB|BC|MB|NB|NL|NS|NT|NU|ON|PE|QC|SK|YT)\s{1,2}[ABCEGHJ-NPRSTVXY]\d[A-Z]\s?\d[A-Z]\d\b",
+            None,
+        ),
+        rule(
+            "postal-address",
+            r"\b(?:Jl|Jln|Jalan)\.?\s\p{Lu}[\p{L}.'\- ]{1,40}?\sNo\.?\s?\d{1,4}",
+            None,
+        ),
+        rule(
+            "postal-address",
+            r"(?i)\bsố\s\d{1,4}[a-z]?,?\s(?:ngõ|ngách|hẻm|kiệt|đường|phố)\s|\b\d{1,4}[a-z]?\s\p{Lu}[^\n,]{1,30},\s(?:phường|xã)\s",
+            None,
+        ),
+        rule(
+            "postal-address",
+            r"(?i)\blieu-dit\s[^\n]{1,60}?\b\d{5}\s\p{Lu}|\b(?:unit|apt|apartment|flat|suite)\s\d{1,4}[a-z]?,[^\n]{0,60}?\bdublin\s\d{1,2}\b",
             None,
         ),
         rule(
@@ -477,12 +528,19 @@ pub fn builtin() -> Vec<Rule> {
             r"(?i)(?:^|[^0-9a-f:\-])(?:[0-9a-f]*[:\-])?([0-9a-f]{2}(?:[:\-][0-9a-f]{2}){5})(?:[^0-9a-z:\-]|[:\-][^0-9a-f]|[:\-]?$)",
             None,
         ),
-        // Cisco's dotted form (3e4e.6bcc.ae89), after the word.
+        // Cisco's dotted form (3e4e.6bcc.ae89), with a letter in it (a
+        // table's header may be far above); twelve hex digits bare after
+        // the word ("MAC BE70071480C5", a device's sticker).
+        rule(
+            "mac-address",
+            r"(?i)\b([0-9a-f]{4}\.[0-9a-f]{4}\.[0-9a-f]{4})\b",
+            Some(hex_with_letter),
+        ),
         with_context(
             rule(
                 "mac-address",
-                r"(?i)\b[0-9a-f]{4}\.[0-9a-f]{4}\.[0-9a-f]{4}\b",
-                None,
+                &bounded(r"[0-9A-Fa-f]{12}"),
+                Some(hex_with_letter),
             ),
             r"\bmac\b",
         ),
@@ -574,7 +632,15 @@ pub fn builtin() -> Vec<Rule> {
         // symbol counts ("the password is incorrect" is not one).
         rule(
             "password",
-            r#"(?i)(?:\b(?:password|passwd|passcode|passphrase|clave(?:\s+(?:del?|de la))?\s+(?:wifi|wi-fi|red|router|acceso)|mot de passe|passwort|kennwort|contraseña|senha|wachtwoord|hasło(?:\s+(?:to|jest))?|hasło\s+(?:do|dla|od)(?:\s+[^\s,;:]{1,20}){1,4}?\s+to|lösenord(?:et)?(?:\s+är)?|passord(?:et)?(?:\s+er)?|adgangskode(?:n)?(?:\s+er)?|heslo(?:\s+je)?|salasana(?:\s+on)?)|şifre(?:si|niz|m)?|пароль|パスワード|비밀번호|密码|口令|पासवर्ड(?:\s+है)?|كلمة (?:المرور|السر)(?:\s+(?:هي|هو))?)(?:(?:\s+(?:(?:for|of|to|on|van|voor|del|della|dello|di|für|vom|von|du|de|des|da|do|till|för|til|dla|pro)\b|от|для)(?:\s+[^\s,;:]{1,20}){1,4}?|\s+ل[^\s,;:]{1,20}(?:\s+[^\s,;:]{1,20}){0,3}?)(?:\s+(?:is|was|ist|lautet|est|c['’]est|es|é|è|era|är|er|je|jest|это|هي|هو|[—–-])|\s*[:：]))?(?:\s+(?:i|we|you|they)\s+(?:set|used|chose|picked|created|made|had|gave\s+(?:you|him|her|them)))?\s{0,3}(?:[:：]\s{0,3})?(?:is|was|ist|lautet|est|c['’]est|es|é|è|är|je|jest|это|は|는|은|是|为|है|هي|هو)?\s{0,3}(?:now|still|set to|changed to)?\s{0,3}["'«“„]?([^\s"'»”“,;]{4,64})"#,
+            r#"(?i)(?:\b(?:password|passwd|passcode|passphrase|clave(?:\s+(?:del?|de la))?\s+(?:wifi|wi-fi|red|router|acceso)|mot de passe|passwort|kennwort|contraseña|senha|wachtwoord|hasło(?:\s+(?:to|jest))?|hasło\s+(?:do|dla|od)(?:\s+[^\s,;:]{1,20}){1,4}?\s+to|lösenord(?:et)?(?:\s+är)?|passord(?:et)?(?:\s+er)?|adgangskode(?:n)?(?:\s+er)?|heslo(?:\s+je)?|salasana(?:\s+on)?|kata sandi)|şifre(?:si|niz|m)?|mật khẩu|пароль|パスワード|비밀번호|密码|口令|पासवर्ड(?:\s+है)?|كلمة (?:المرور|السر)(?:\s+(?:هي|هو))?)(?:(?:\s+(?:(?:for|of|to|on|van|voor|del|della|dello|di|für|vom|von|du|de|des|da|do|till|för|til|dla|pro)\b|от|для)(?:\s+[^\s,;:]{1,20}){1,4}?|\s+ل[^\s,;:]{1,20}(?:\s+[^\s,;:]{1,20}){0,3}?)(?:\s+(?:is|was|ist|lautet|est|c['’]est|es|é|è|era|är|er|je|jest|это|هي|هو|[—–-])|\s*[:：]))?(?:\s+(?:i|we|you|they)\s+(?:set|used|chose|picked|created|made|had|gave\s+(?:you|him|her|them)))?\s{0,3}(?:[:：]\s{0,3})?(?:is|was|ist|lautet|est|c['’]est|es|é|è|är|je|jest|adalah|ialah|là|это|は|는|은|是|为|है|هي|هو)?\s{0,3}(?:now|still|set to|changed to|definitely|actually|just|really|literally|probably)?\s{0,3}["'«“„]?([^\s"'»”“,;]{4,64})"#,
+            Some(said_password),
+        ),
+        // Indonesian names what it is for with no preposition ("kata sandi
+        // wifi kantor adalah …"): a rule of its own, so that a value said
+        // before a later "adalah" is still tried by the rule above.
+        rule(
+            "password",
+            r#"(?i)\bkata sandi(?:\s+[^\s,;:]{1,20}){1,5}?\s+(?:adalah|ialah)\s{1,3}["'“]?([^\s"'”,;]{4,64})"#,
             Some(said_password),
         ),
         // The short forms (pw, pwd, mdp) only with a colon, an equals
@@ -692,6 +758,12 @@ fn not_an_example_key(s: &str) -> bool {
         }
     }
     !s.to_ascii_uppercase().contains("EXAMPLE")
+}
+
+/// Hex digits that hold a letter and a digit: a MAC address's, not a
+/// number's ("2024.1105.0930") nor a word's.
+fn hex_with_letter(s: &str) -> bool {
+    s.chars().any(|c| c.is_ascii_alphabetic()) && s.chars().any(|c| c.is_ascii_digit())
 }
 
 /// A UK postcode's outward code starts with a known letter and the inward

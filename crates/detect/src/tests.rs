@@ -1420,3 +1420,79 @@ fn review_of_the_eighth_and_ninth_sets_rules() {
         &["The module supports GSM 850/900/1800/1900 MHz bands"],
     );
 }
+
+#[test]
+fn shapes_from_the_tenth_development_set() {
+    // VAT numbers without their country's prefix, each passing its
+    // country's check after its tax word; the same digits one off fail.
+    finds(
+        "eu-vat",
+        &[
+            "P.IVA 01114601006 - Roma",
+            "partita_iva;citta\nAcme srl;01114601006;Roma",
+            "NIP: 526-025-02-74",
+            "NIPC: 501964843",
+            "CIF: A58818501",
+            "NIF 12345678Z",
+            "DIČ: CZ25596641",
+            "ALV-numero FI20774740",
+        ],
+    );
+    misses(
+        "eu-vat",
+        &[
+            "P.IVA 01114601007 - Roma",
+            "NIP: 526-025-02-75",
+            "NIF 12345678A",
+            "just 501964843 of them",
+        ],
+    );
+    // Cisco's dotted MAC in a table whose header is far above; twelve
+    // hex digits after the word; a dotted number is none.
+    finds(
+        "mac-address",
+        &[
+            "Vlan  Mac Address  Type\n----  -----------  --------  -----\n  10  7a3c.11be.04d2  DYNAMIC  Gi1/0/3",
+            "the label says MAC 3C52A1B07E9F",
+        ],
+    );
+    misses("mac-address", &["build 2024.1105.0930 is out"]);
+    finds(
+        "phone",
+        &[
+            "звоните 8 (925) 318-44-07 вечером",
+            "pesan lewat WA 0813-2271-9045 ya",
+            "SĐT 0903 218 447",
+            "Cheers\nLiam\nP: 021 4927 731",
+        ],
+    );
+    finds(
+        "password",
+        &[
+            "kata sandi wifi rumah adalah Mangga#2291",
+            "mật khẩu là Sen#7731 nhé",
+            "my password is definitely Birch&Wren2030",
+        ],
+    );
+    finds(
+        "bank-account",
+        &["Bankgiro 5050-1055", "No. rekening 7310452298 a.n. Budi"],
+    );
+    finds(
+        "postal-address",
+        &[
+            "Hofladen Kranz · Am Anger 12 · 91074 Herzogenaurach",
+            "Ci vediamo in Località Pian dei Mori 3, 53100 Siena",
+            "Box 7, RR 1, Olds, AB T4H 1P3",
+            "Jl. Sudirman No. 12, Jakarta",
+            "Số 14, ngõ 51 phố Huế, Hà Nội",
+            "lieu-dit Les Granges, 24200 Sarlat",
+            "Unit 9, Kilshane Park, Dublin 11",
+            "г. Казань, ул. Большая Красная, д. 5",
+        ],
+    );
+    misses(
+        "postal-address",
+        &["We moved to Windows 11 across the team last spring"],
+    );
+}

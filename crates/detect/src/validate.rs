@@ -280,6 +280,91 @@ pub fn eu_vat(s: &str) -> bool {
     FORMATS.is_match(&alnum_upper(s))
 }
 
+/// A VAT or tax number written without its country's prefix, as the
+/// country's own invoices print it, that passes that country's check:
+/// Italy's partita IVA (11 digits, Luhn), Croatia's OIB (11, ISO 7064
+/// MOD 11,10), Poland's NIP (10, weighted mod 11), Portugal's NIF/NIPC
+/// and Germany's USt-IdNr. (9: weighted mod 11; MOD 11,10), Spain's CIF
+/// (a letter, 7 digits, a control) and NIF (8 digits and the DNI letter).
+/// Only after a tax word (see the rule): a check alone passes one number
+/// in ten.
+pub fn national_vat(s: &str) -> bool {
+    let v = alnum_upper(s);
+    let d = digits(&v);
+    let all_digits = d.len() == v.len();
+    let mod11_10 = |d: &[u32]| {
+        let mut p = 10;
+        for &x in &d[..d.len() - 1] {
+            let sum = (x + p) % 10;
+            p = (if sum == 0 { 10 } else { sum } * 2) % 11;
+        }
+        (11 - p) % 10 == d[d.len() - 1]
+    };
+    match (all_digits, d.len()) {
+        (true, 11) => {
+            // Luhn over 11 digits (`luhn` is a card's, 13 to 19).
+            let sum: u32 = d
+                .iter()
+                .rev()
+                .enumerate()
+                .map(|(i, &x)| {
+                    if !i.is_multiple_of(2) {
+                        (x * 2) % 9 + u32::from(x == 9) * 9
+                    } else {
+                        x
+                    }
+                })
+                .sum();
+            (sum.is_multiple_of(10) && d.iter().any(|&x| x != d[0])) || mod11_10(&d)
+        }
+        (true, 10) => {
+            let sum: u32 = [6, 5, 7, 2, 3, 4, 5, 6, 7]
+                .iter()
+                .zip(&d)
+                .map(|(w, x)| w * x)
+                .sum();
+            sum % 11 == d[9]
+        }
+        (true, 9) => {
+            let sum: u32 = (2..=9).rev().zip(&d).map(|(w, x)| w * x).sum();
+            let pt = match 11 - sum % 11 {
+                10 | 11 => 0,
+                c => c,
+            };
+            (d[0] != 0 && pt == d[8]) || mod11_10(&d)
+        }
+        _ => spanish_tax_id(&v),
+    }
+}
+
+/// Spain's CIF (a company: a letter, 7 digits, a digit or letter of
+/// control) and NIF of a person (the DNI's 8 digits and its letter).
+fn spanish_tax_id(v: &str) -> bool {
+    let b = v.as_bytes();
+    if b.len() != 9 {
+        return false;
+    }
+    if b[..8].iter().all(u8::is_ascii_digit) {
+        let n: usize = v[..8].parse().unwrap_or(0);
+        return b[8] == b"TRWAGMYFPDXBNJZSQVHLCKE"[n % 23];
+    }
+    if !b"ABCDEFGHJNPQRSUVW".contains(&b[0]) || !b[1..8].iter().all(u8::is_ascii_digit) {
+        return false;
+    }
+    let mut sum = 0;
+    for (i, c) in b[1..8].iter().enumerate() {
+        let x = u32::from(c - b'0');
+        sum += if i.is_multiple_of(2) {
+            let y = x * 2;
+            y / 10 + y % 10
+        } else {
+            x
+        };
+    }
+    let control = (10 - sum % 10) % 10;
+    b[8] == b'0' + control as u8 || b[8] == b"JABCDEFGHI"[control as usize]
+}
+
 /// A passport number: 6 to 9 letters and digits with at least two digits
 /// (so the word after "passport" is not taken for one).
 pub fn passport_shape(s: &str) -> bool {

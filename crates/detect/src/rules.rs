@@ -57,11 +57,6 @@ pub const CONTEXT_CHARS: usize = 48;
 const VAT_WORDS: &str =
     r"vat|ust|mwst|tva|iva|btw|moms|nif|nip|uid|tax|steuer|dič|alv|oib|增值税|税号";
 
-/// The tax words before a VAT number written without its country's
-/// prefix: narrower than [`VAT_WORDS`] (whole words), since a check
-/// digit alone passes one number in ten or eleven.
-const NATIONAL_VAT_WORDS: &str = r"\b(?:vat|nif|nipc|nip|cif|p\.\s?iva|partita[\s_]?iva|c\.\s?f\.|codice fiscale|ust-?id|ust\.?-?idnr|steuernummer|tva|btw|dič|alv|oib|moms)";
-
 /// A passport's machine-readable zone, its second line (ICAO 9303, TD3):
 /// document number and check digit, nationality, date of birth and check
 /// digit, sex, expiry and check digit.
@@ -186,14 +181,15 @@ pub fn builtin() -> Vec<Rule> {
         ),
         // Without the prefix, as a country's own invoices print it ("P.IVA
         // 10562300375", "NIP: 618-083-36-43", "NIPC: 543862410", "CIF:
-        // B46143798"): that country's check, after its tax word.
-        with_context(
-            rule(
-                "eu-vat",
-                &bounded(r"[A-Za-z]?\d(?:[ .\-]?\d){7,10}[A-Za-z]?"),
-                Some(v::national_vat),
-            ),
-            NATIONAL_VAT_WORDS,
+        // B46143798", "NIE X2482300W"): that country's check, right after
+        // a tax word of a country whose numbers have one. The checks pass
+        // one number in five to eleven, so the word must be the label
+        // (not "VAT invoice 123456789", "btw, order 123456789"), and no
+        // dot may join the digits (amounts: "VAT 10.00 120.00").
+        rule(
+            "eu-vat",
+            r#"(?i)(?:^|[^\p{L}])(?:vat(?:\s?(?:no|nr|number|id|reg(?:istration)?(?:\s?no)?))?|nif|nie|nipc|nip|cif|p\.\s?iva|partita[\s_]iva|c\.\s?f\.|codice fiscale|oib|ust-?id(?:nr)?|ust\.-?idnr)\.?["']?\s{0,3}[:#=]?\s{0,3}["']?([A-Za-z]?[ \-]?\d(?:[ \-]?\d){6,10}(?:[ \-]?[A-Za-z])?)(?:[^0-9A-Za-z]|$)"#,
+            Some(v::national_vat),
         ),
         with_context(
             rule(
@@ -218,7 +214,7 @@ pub fn builtin() -> Vec<Rule> {
                 ),
                 Some(not_a_date),
             ),
-            r"sort[ _\-]?code|account[ _\-]?(?:number|no|#)|acct|a/c|acc\.? no|bank[ _\-]?account|routing|bsb|clabe|transit number|kontonummer|kontonr|konto|rekeningnummer|\brekening\b|bankgiro|plusgiro|numéro de compte|número de cuenta|numero di conto|conto corrente|número da conta|conta corrente|hesap numarası|account\s?:|खाता|rachun|numer konta|číslo účtu|účtu|účet|счёт|счет|رقم الحساب|الحساب البنكي|口座番号|口座|계좌번호|계좌|账号|账户",
+            r"sort[ _\-]?code|account[ _\-]?(?:number|no|#)|acct|a/c|acc\.? no|bank[ _\-]?account|routing|bsb|clabe|transit number|kontonummer|kontonr|konto|rekeningnummer|no\.?\s?rekening|nomor rekening|bankgiro|plusgiro|numéro de compte|número de cuenta|numero di conto|conto corrente|número da conta|conta corrente|hesap numarası|account\s?:|खाता|rachun|numer konta|číslo účtu|účtu|účet|счёт|счет|رقم الحساب|الحساب البنكي|口座番号|口座|계좌번호|계좌|账号|账户",
         ),
         // An Indian account number beside its branch's IFSC (the code
         // alone names a branch, not an account).
@@ -265,7 +261,7 @@ pub fn builtin() -> Vec<Rule> {
         rule(
             "phone",
             &bounded(
-                r"0[1-9](?:[ .\-]\d{2}){4}|07\d{3} \d{3} ?\d{3}|0[789]0-\d{4}-\d{4}|[67]\d{2} \d{2} \d{2} \d{2}|01[5-7]\d{1,2} \d{3,4} \d{3,4}|06-\d{8}|\(\d{2}\) ?9?\d{4}-\d{4}|1[3-9]\d[ \-]\d{4}[ \-]\d{4}|[6-9]\d{4} \d{5}|01[016-9]-\d{3,4}-\d{4}|0 ?\(?5\d{2}\)? ?\d{3} \d{2} \d{2}|04\d{2} \d{3} \d{3}|04\d{2}(?: \d{2}){3}|8 ?\(9\d{2}\) ?\d{3}-\d{2}-\d{2}|08\d{2}-\d{4}-\d{3,4}|01[0125]\d[ \-]\d{3}[ \-]\d{4}",
+                r"0[1-9](?:[ .\-]\d{2}){4}|07\d{3} \d{3} ?\d{3}|0[789]0-\d{4}-\d{4}|[67]\d{2} \d{2} \d{2} \d{2}|01[5-7]\d{1,2} \d{3,4} \d{3,4}|06-\d{8}|\(\d{2}\) ?9?\d{4}-\d{4}|1[3-9]\d[ \-]\d{4}[ \-]\d{4}|[6-9]\d{4} \d{5}|01[016-9]-\d{3,4}-\d{4}|0 ?\(?5\d{2}\)? ?\d{3} \d{2} \d{2}|04\d{2} \d{3} \d{3}|04\d{2}(?: \d{2}){3}|8 ?\(9\d{2}\) ?\d{3}-\d{2}-\d{2}|01[0125]\d[ \-]\d{3}[ \-]\d{4}",
             ),
             None,
         ),
@@ -276,7 +272,7 @@ pub fn builtin() -> Vec<Rule> {
                 &bounded(r"\(?\d{2,5}\)?[ .\-/・·]?\d{2,4}[ .\-・·]?\d{2,4}(?:[ .\-・·]?\d{2,4})?"),
                 Some(phone_not_date),
             ),
-            r"phone|(?:^|[^a-z])tel(?:[eé]?f|no|nr)?(?:[^a-zé]|$)|tél|call|mobile|\bmobil\b|\bcell|\bring(?:e|a|er|es)?\b|whatsapp|signal|fax|telefon|téléphone|teléfono|handy|portable|móvil|telem[oó]vel|celular|cellulare|ll[aá]m|\bbel(?:len)?\b|\bruf\b|rufnummer|anruf|erreichen|aray[ıi]n|\bchama\b|\bzap\b|\bligue?\b|\bhubungi\b|\bwa\b|sđt|điện thoại|\bgọi\b|звонит|звоните|позвон|\n[ \t]*(?:t|m|p|ph|mob)[ \t]?:|电话|手机|联系|热线|座机|電話|携帯|전화|휴대폰|핸드폰|телефон|мобильн|फ़ोन|फोन|அழை|مو?بايل|هاتف|واتس|اتصل",
+            r"phone|(?:^|[^a-z])tel(?:[eé]?f|no|nr)?(?:[^a-zé]|$)|tél|call|mobile|\bmobil\b|\bcell|\bring(?:e|a|er|es)?\b|whatsapp|signal|fax|telefon|téléphone|teléfono|handy|portable|móvil|telem[oó]vel|celular|cellulare|ll[aá]m|\bbel(?:len)?\b|\bruf\b|rufnummer|anruf|erreichen|aray[ıi]n|\bchama\b|\bzap\b|\bligue?\b|\bhubungi\b|(?-i:\bWA\b)|sđt|điện thoại|\bgọi\b|звонит|звоните|позвон|\n[ \t]*(?:t|m|p|ph|mob)[ \t]?:[ \t]*$|电话|手机|联系|热线|座机|電話|携帯|전화|휴대폰|핸드폰|телефон|мобильн|फ़ोन|फोन|அழை|مو?بايل|هاتف|واتس|اتصل",
         ),
         // Addresses: a house number and a capitalised street name ("221B
         // Baker Street"; "the square" in a sentence is not one), a UK postcode, a
@@ -391,11 +387,12 @@ pub fn builtin() -> Vec<Rule> {
         ),
         // A street and number, then on the same line a five-digit
         // postcode and a town, as invoices' footers and invitations write
-        // them ("Am Kirchberg 14 · 79336 Herbolzheim", "Avda. del Port 118,
+        // them, after a street's word ("Am Kirchberg 14 · 79336 Herbolzheim", "Avda. del Port 118,
         // 4.º B, 46023 València", "Poggio alle Mura 17, 53024 Montalcino").
         rule(
             "postal-address",
-            r"\p{Lu}\p{Ll}+\.?\s\d{1,4}[a-zA-Z]?\s?[,·–]\s?(?:[^\n,·–]{1,12}[,·–]\s?)?(?:[A-Z]-)?\d{5}\s\p{Lu}\p{Ll}{2,}",
+            // After a street's word ("Sold 7, 10000 Units" is none).
+            r"\b(?:Am|An der|Auf der|Im|In der|Zum|Zur|Località|Loc\.|Frazione|Fraz\.|Contrada|Strada|Vicolo|Via|Viale|Corso|Piazza|Avda\.|Avenida|Calle|Camino|Carrer|Passeig|Plaza|Rua|Travessa|Largo|Rue|Route|Chemin|Allée|Place)\s(?:[\p{L}'.\-]+\s){0,4}\d{1,4}[a-zA-Z]?\s?[,·–]\s?(?:[^\n,·–]{1,12}[,·–]\s?)?(?:[A-Z]-)?\d{5}\s\p{Lu}\p{Ll}{2,}",
             None,
         ),
         // A Canadian province and postcode; an Indonesian street (Jalan)
@@ -414,12 +411,13 @@ pub fn builtin() -> Vec<Rule> {
         ),
         rule(
             "postal-address",
-            r"(?i)\bsố\s\d{1,4}[a-z]?,?\s(?:ngõ|ngách|hẻm|kiệt|đường|phố)\s|\b\d{1,4}[a-z]?\s\p{Lu}[^\n,]{1,30},\s(?:phường|xã)\s",
+            // Not "đường" (also a line or a circle) nor "xã hội" (society).
+            r"(?i)\bsố\s\d{1,4}[a-z]?,?\s(?:ngõ|ngách|hẻm|kiệt|phố)\s|\b\d{1,4}[a-z]?\s(?-i:\p{Lu})[^\n,]{1,30},\s(?:phường\s|xã\s(?-i:\p{Lu}))",
             None,
         ),
         rule(
             "postal-address",
-            r"(?i)\blieu-dit\s[^\n]{1,60}?\b\d{5}\s\p{Lu}|\b(?:unit|apt|apartment|flat|suite)\s\d{1,4}[a-z]?,[^\n]{0,60}?\bdublin\s\d{1,2}\b",
+            r"(?i)\blieu-dit\s[^\n]{1,60}?\b\d{5}\s(?-i:\p{Lu})|\b(?:unit|apt|apartment|flat|suite)\s\d{1,4}[a-z]?,[^\n]{0,60}?,\s{0,2}dublin\s\d{1,2}\b",
             None,
         ),
         rule(
@@ -528,21 +526,28 @@ pub fn builtin() -> Vec<Rule> {
             r"(?i)(?:^|[^0-9a-f:\-])(?:[0-9a-f]*[:\-])?([0-9a-f]{2}(?:[:\-][0-9a-f]{2}){5})(?:[^0-9a-z:\-]|[:\-][^0-9a-f]|[:\-]?$)",
             None,
         ),
-        // Cisco's dotted form (3e4e.6bcc.ae89), with a letter in it (a
-        // table's header may be far above); twelve hex digits bare after
-        // the word ("MAC BE70071480C5", a device's sticker).
+        // Cisco's dotted form (3e4e.6bcc.ae89): after the word, or with a
+        // letter in it anywhere (a table's header may be far above; a
+        // VMware MAC, 0050.5612.3456, may have none); twelve hex digits
+        // bare right after the word ("MAC BE70071480C5", a sticker), not a
+        // container id later in a sentence about a Mac.
+        with_context(
+            rule(
+                "mac-address",
+                r"(?i)\b[0-9a-f]{4}\.[0-9a-f]{4}\.[0-9a-f]{4}\b",
+                None,
+            ),
+            r"\bmac\b",
+        ),
         rule(
             "mac-address",
             r"(?i)\b([0-9a-f]{4}\.[0-9a-f]{4}\.[0-9a-f]{4})\b",
             Some(hex_with_letter),
         ),
-        with_context(
-            rule(
-                "mac-address",
-                &bounded(r"[0-9A-Fa-f]{12}"),
-                Some(hex_with_letter),
-            ),
-            r"\bmac\b",
+        rule(
+            "mac-address",
+            r"(?i)\bmac(?:[ \-]?address)?\s?[:=]?\s{0,2}([0-9a-f]{12})(?:[^0-9a-z]|$)",
+            Some(hex_with_letter),
         ),
         // Secrets: the providers' documented key formats.
         rule(
@@ -632,15 +637,17 @@ pub fn builtin() -> Vec<Rule> {
         // symbol counts ("the password is incorrect" is not one).
         rule(
             "password",
-            r#"(?i)(?:\b(?:password|passwd|passcode|passphrase|clave(?:\s+(?:del?|de la))?\s+(?:wifi|wi-fi|red|router|acceso)|mot de passe|passwort|kennwort|contraseña|senha|wachtwoord|hasło(?:\s+(?:to|jest))?|hasło\s+(?:do|dla|od)(?:\s+[^\s,;:]{1,20}){1,4}?\s+to|lösenord(?:et)?(?:\s+är)?|passord(?:et)?(?:\s+er)?|adgangskode(?:n)?(?:\s+er)?|heslo(?:\s+je)?|salasana(?:\s+on)?|kata sandi)|şifre(?:si|niz|m)?|mật khẩu|пароль|パスワード|비밀번호|密码|口令|पासवर्ड(?:\s+है)?|كلمة (?:المرور|السر)(?:\s+(?:هي|هو))?)(?:(?:\s+(?:(?:for|of|to|on|van|voor|del|della|dello|di|für|vom|von|du|de|des|da|do|till|för|til|dla|pro)\b|от|для)(?:\s+[^\s,;:]{1,20}){1,4}?|\s+ل[^\s,;:]{1,20}(?:\s+[^\s,;:]{1,20}){0,3}?)(?:\s+(?:is|was|ist|lautet|est|c['’]est|es|é|è|era|är|er|je|jest|это|هي|هو|[—–-])|\s*[:：]))?(?:\s+(?:i|we|you|they)\s+(?:set|used|chose|picked|created|made|had|gave\s+(?:you|him|her|them)))?\s{0,3}(?:[:：]\s{0,3})?(?:is|was|ist|lautet|est|c['’]est|es|é|è|är|je|jest|adalah|ialah|là|это|は|는|은|是|为|है|هي|هو)?\s{0,3}(?:now|still|set to|changed to|definitely|actually|just|really|literally|probably)?\s{0,3}["'«“„]?([^\s"'»”“,;]{4,64})"#,
+            r#"(?i)(?:\b(?:password|passwd|passcode|passphrase|clave(?:\s+(?:del?|de la))?\s+(?:wifi|wi-fi|red|router|acceso)|mot de passe|passwort|kennwort|contraseña|senha|wachtwoord|hasło(?:\s+(?:to|jest))?|hasło\s+(?:do|dla|od)(?:\s+[^\s,;:]{1,20}){1,4}?\s+to|lösenord(?:et)?(?:\s+är)?|passord(?:et)?(?:\s+er)?|adgangskode(?:n)?(?:\s+er)?|heslo(?:\s+je)?|salasana(?:\s+on)?|kata sandi)|şifre(?:si|niz|m)?|mật khẩu|пароль|パスワード|비밀번호|密码|口令|पासवर्ड(?:\s+है)?|كلمة (?:المرور|السر)(?:\s+(?:هي|هو))?)(?:(?:\s+(?:(?:for|of|to|on|van|voor|del|della|dello|di|für|vom|von|du|de|des|da|do|till|för|til|dla|pro)\b|от|для)(?:\s+[^\s,;:]{1,20}){1,4}?|\s+ل[^\s,;:]{1,20}(?:\s+[^\s,;:]{1,20}){0,3}?)(?:\s+(?:is|was|ist|lautet|est|c['’]est|es|é|è|era|är|er|je|jest|это|هي|هو|[—–-])|\s*[:：]))?(?:\s+(?:i|we|you|they)\s+(?:set|used|chose|picked|created|made|had|gave\s+(?:you|him|her|them)))?\s{0,3}(?:[:：]\s{0,3})?(?:is|was|ist|lautet|est|c['’]est|es|é|è|är|je|jest|adalah|ialah|là|это|は|는|은|是|为|है|هي|هو)?\s{0,3}(?:(?:now|still|set to|changed to|definitely|actually|just|really|literally|probably)\s{1,3})?["'«“„]?([^\s"'»”“,;]{4,64})"#,
             Some(said_password),
         ),
-        // Indonesian names what it is for with no preposition ("kata sandi
-        // wifi kantor adalah …"): a rule of its own, so that a value said
-        // before a later "adalah" is still tried by the rule above.
+        // Indonesian and Vietnamese name what it is for with no
+        // preposition ("kata sandi wifi kantor adalah …", "passwordnya
+        // adalah …", "mật khẩu wifi là …"): a rule of its own, so that a
+        // value said before a later "adalah" is still tried by the rule
+        // above.
         rule(
             "password",
-            r#"(?i)\bkata sandi(?:\s+[^\s,;:]{1,20}){1,5}?\s+(?:adalah|ialah)\s{1,3}["'“]?([^\s"'”,;]{4,64})"#,
+            r#"(?i)(?:\b(?:kata sandi|sandi|password)(?:nya)?(?:\s+[^\s,;:]{1,20}){0,5}?\s+(?:adalah|ialah)|mật khẩu(?:\s+[^\s,;:]{1,20}){0,4}?\s+là)\s{1,3}["'“]?([^\s"'”,;]{4,64})"#,
             Some(said_password),
         ),
         // The short forms (pw, pwd, mdp) only with a colon, an equals
@@ -782,7 +789,7 @@ fn us_state(s: &str) -> bool {
 }
 
 /// A phone number after a phone word, unless its digits are a date with
-/// its year ("2024.01.15", "15.01.2024").
+/// its year ("2024.01.15", "15.01.2024") or start with one.
 fn phone_not_date(s: &str) -> bool {
     // A middle dot also lists things ("090・080・070"): a number written
     // with them ends in four digits (03・7447・0155).
@@ -790,7 +797,9 @@ fn phone_not_date(s: &str) -> bool {
         && s.rsplit(['・', '·'])
             .next()
             .is_none_or(|last| last.trim().len() != 4);
-    v::phone_digits(s) && !is_dated(s) && !listed
+    // A timestamp starts with its date ("2024-11-05 14:32").
+    let stamped = s.get(..10).is_some_and(is_dated);
+    v::phone_digits(s) && !is_dated(s) && !stamped && !listed
 }
 
 /// Three groups of digits that are a date: a year of 19xx or 20xx first

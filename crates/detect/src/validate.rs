@@ -285,9 +285,10 @@ pub fn eu_vat(s: &str) -> bool {
 /// Italy's partita IVA (11 digits, Luhn), Croatia's OIB (11, ISO 7064
 /// MOD 11,10), Poland's NIP (10, weighted mod 11), Portugal's NIF/NIPC
 /// and Germany's USt-IdNr. (9: weighted mod 11; MOD 11,10), Spain's CIF
-/// (a letter, 7 digits, a control) and NIF (8 digits and the DNI letter).
-/// Only after a tax word (see the rule): a check alone passes one number
-/// in ten.
+/// (a letter, 7 digits, a control) and NIF or NIE (8 digits, or X, Y or Z
+/// and 7, and the DNI letter). Only right after a tax word (see the
+/// rule): for 9 and 11 digits two checks are tried, so one number in five
+/// or six passes by chance.
 pub fn national_vat(s: &str) -> bool {
     let v = alnum_upper(s);
     let d = digits(&v);
@@ -344,8 +345,22 @@ fn spanish_tax_id(v: &str) -> bool {
     if b.len() != 9 {
         return false;
     }
-    if b[..8].iter().all(u8::is_ascii_digit) {
-        let n: usize = v[..8].parse().unwrap_or(0);
+    // A foreigner's NIE: X, Y, Z for 0, 1, 2 before the DNI's digits.
+    let first = match b[0] {
+        b'X' => Some(b'0'),
+        b'Y' => Some(b'1'),
+        b'Z' => Some(b'2'),
+        c if c.is_ascii_digit() => Some(c),
+        _ => None,
+    };
+    if let Some(first) = first
+        && b[1..8].iter().all(u8::is_ascii_digit)
+        && b[8].is_ascii_alphabetic()
+    {
+        let n: usize = std::str::from_utf8(&[&[first][..], &b[1..8]].concat())
+            .ok()
+            .and_then(|d| d.parse().ok())
+            .unwrap_or(0);
         return b[8] == b"TRWAGMYFPDXBNJZSQVHLCKE"[n % 23];
     }
     if !b"ABCDEFGHJNPQRSUVW".contains(&b[0]) || !b[1..8].iter().all(u8::is_ascii_digit) {

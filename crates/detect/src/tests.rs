@@ -653,9 +653,11 @@ fn no_rule_that_matches_a_text_is_skipped_for_it() {
         "dev6.jsonl",
         "dev7.jsonl",
         "dev8.jsonl",
+        "dev9.jsonl",
         "heldout.jsonl",
         "heldout2.jsonl",
         "heldout3.jsonl",
+        "heldout4.jsonl",
         "topics.jsonl",
     ] {
         let path = format!(

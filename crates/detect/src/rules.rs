@@ -385,13 +385,13 @@ pub fn builtin() -> Vec<Rule> {
             r"(?:ул\.|улица|пр-т|проспект|пер\.|переулок)\s{0,2}\p{Lu}[\p{L}\-]+(?:\s[\p{L}\-]+){0,2},?\s{1,2}(?:д\.|дом)\s{0,2}\d{1,4}",
             None,
         ),
-        // A street and number, then on the same line a five-digit
-        // postcode and a town, as invoices' footers and invitations write
-        // them, after a street's word ("Am Kirchberg 14 · 79336 Herbolzheim", "Avda. del Port 118,
-        // 4.º B, 46023 València", "Poggio alle Mura 17, 53024 Montalcino").
+        // A street's word, a name and a number, then on the same line a
+        // five-digit postcode and a town, as invoices' footers and
+        // invitations write them ("Am Kirchberg 14 · 79336 Herbolzheim",
+        // "Avda. del Port 118, 4.º B, 46023 València", "Località Poggio
+        // alle Mura 17, 53024 Montalcino"; "Sold 7, 10000 Units" is none).
         rule(
             "postal-address",
-            // After a street's word ("Sold 7, 10000 Units" is none).
             r"\b(?:Am|An der|Auf der|Im|In der|Zum|Zur|Località|Loc\.|Frazione|Fraz\.|Contrada|Strada|Vicolo|Via|Viale|Corso|Piazza|Avda\.|Avenida|Calle|Camino|Carrer|Passeig|Plaza|Rua|Travessa|Largo|Rue|Route|Chemin|Allée|Place)\s(?:[\p{L}'.\-]+\s){0,4}\d{1,4}[a-zA-Z]?\s?[,·–]\s?(?:[^\n,·–]{1,12}[,·–]\s?)?(?:[A-Z]-)?\d{5}\s\p{Lu}\p{Ll}{2,}",
             None,
         ),

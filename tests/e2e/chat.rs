@@ -1020,6 +1020,35 @@ fn what_people_paste_stays_local_and_the_reason_says_what_was_found() {
                 "Skriv en lapp till hundvakten: lösenordet är Kanel#2211, byt inte det.",
             ),
         ),
+        // Shapes learnt from the eighth to tenth development sets: a VAT
+        // number without its country's prefix (its check digit), a
+        // password typed on across the assistant's turn, a switch's MAC
+        // table whose header is far above.
+        (
+            "eu-vat",
+            pasted(
+                "canary-piva",
+                "Accorcia la firma: Ferrante Impianti S.r.l. – P.IVA 01114601006 – Bologna",
+            ),
+        ),
+        (
+            "password",
+            vec![
+                user(format!(
+                    "{} the new wifi password is Walnut",
+                    unique("canary-glue")
+                )),
+                json!({"role": "assistant", "content": "Go on."}),
+                user("-Kettle-22, write it on the fridge note".to_string()),
+            ],
+        ),
+        (
+            "mac-address",
+            pasted(
+                "canary-mac",
+                "Which port is the printer on?\nVlan  Mac Address  Type  Ports\n----  -----------  ----  -----\n  20  7a3c.11be.04d2  DYNAMIC  Gi1/0/3",
+            ),
+        ),
     ];
     let mut canaries = Vec::new();
     for (kind, messages) in cases {

@@ -396,28 +396,13 @@ pub fn builtin() -> Vec<Rule> {
             None,
         ),
         // A Canadian province and postcode; an Indonesian street (Jalan)
-        // and number; a Vietnamese house, lane and street or ward; a
+        // and number; a Vietnamese house, lane and street or ward (not
+        // "đường", also a line or a circle, nor "xã hội", society); a
         // French lieu-dit before its postcode; an Irish unit in a Dublin
-        // district.
+        // district. One pattern: one search of the text.
         rule(
             "postal-address",
-            r"\b(?:AB|BC|MB|NB|NL|NS|NT|NU|ON|PE|QC|SK|YT)\s{1,2}[ABCEGHJ-NPRSTVXY]\d[A-Z]\s?\d[A-Z]\d\b",
-            None,
-        ),
-        rule(
-            "postal-address",
-            r"\b(?:Jl|Jln|Jalan)\.?\s\p{Lu}[\p{L}.'\- ]{1,40}?\sNo\.?\s?\d{1,4}",
-            None,
-        ),
-        rule(
-            "postal-address",
-            // Not "đường" (also a line or a circle) nor "xã hội" (society).
-            r"(?i)\bsố\s\d{1,4}[a-z]?,?\s(?:ngõ|ngách|hẻm|kiệt|phố)\s|\b\d{1,4}[a-z]?\s(?-i:\p{Lu})[^\n,]{1,30},\s(?:phường\s|xã\s(?-i:\p{Lu}))",
-            None,
-        ),
-        rule(
-            "postal-address",
-            r"(?i)\blieu-dit\s[^\n]{1,60}?\b\d{5}\s(?-i:\p{Lu})|\b(?:unit|apt|apartment|flat|suite)\s\d{1,4}[a-z]?,[^\n]{0,60}?,\s{0,2}dublin\s\d{1,2}\b",
+            r"\b(?:AB|BC|MB|NB|NL|NS|NT|NU|ON|PE|QC|SK|YT)\s{1,2}[ABCEGHJ-NPRSTVXY]\d[A-Z]\s?\d[A-Z]\d\b|\b(?:Jl|Jln|Jalan)\.?\s\p{Lu}[\p{L}.'\- ]{1,40}?\sNo\.?\s?\d{1,4}|(?i:\bsố\s\d{1,4}[a-z]?,?\s(?:ngõ|ngách|hẻm|kiệt|phố)\s|\b\d{1,4}[a-z]?\s(?-i:\p{Lu})[^\n,]{1,30},\s(?:phường\s|xã\s(?-i:\p{Lu}))|\blieu-dit\s[^\n]{1,60}?\b\d{5}\s(?-i:\p{Lu})|\b(?:unit|apt|apartment|flat|suite)\s\d{1,4}[a-z]?,[^\n]{0,60}?,\s{0,2}dublin\s\d{1,2}\b)",
             None,
         ),
         rule(
